@@ -173,3 +173,52 @@ def canonical(boards: np.ndarray, to_move: np.ndarray) -> np.ndarray:
     own = boards == to_move[:, None, None]
     opp = (boards != 0) & ~own
     return np.stack([own, opp], axis=1).astype(np.float32)
+
+
+def _lines() -> np.ndarray:
+    """The 69 windows of four cells (any direction) as bitmasks."""
+    masks = []
+    for c in range(COLS):
+        for h in range(ROWS):
+            for dc, dh in ((0, 1), (1, 0), (1, 1), (1, -1)):
+                cells = [(c + k * dc, h + k * dh) for k in range(4)]
+                if all(0 <= cc < COLS and 0 <= hh < ROWS for cc, hh in cells):
+                    masks.append(sum(1 << (cc * _H1 + hh) for cc, hh in cells))
+    return np.array(masks, dtype=np.uint64)
+
+
+_LINES = _lines()
+# _CELL_BITS[r, c]: the bit of board cell (r, c), row 0 the top row.
+_CELL_BITS = _COL_BIT[:, :ROWS][:, ::-1].T.copy()
+
+
+def threat_cells(env: VecConnectFour, env_ids: np.ndarray, seat: np.ndarray) -> np.ndarray:
+    """``(n, 6, 7)`` bool: empty cells where a stone of ``seat`` (0 or 1) would complete four in a row,
+    whether or not the cell is playable yet (row 0 the top row)."""
+    stones = env.bits[env_ids, seat][:, None]
+    occupied = (env.bits[env_ids, 0] | env.bits[env_ids, 1])[:, None]
+    fourth = _LINES & ~stones                                   # per window: the cells not ours
+    open_three = (np.bitwise_count(stones & _LINES) == 3) & ((fourth & occupied) == 0)
+    threats = np.bitwise_or.reduce(np.where(open_three, fourth, np.uint64(0)), axis=1)
+    return (threats[:, None, None] & _CELL_BITS[None]) != 0
+
+
+NUM_PLANES = 5
+
+
+def observation_planes(env: VecConnectFour, env_ids: np.ndarray) -> np.ndarray:
+    """``(n, 5, 6, 7) float32`` input planes from the mover's view: own stones, opponent stones, playable
+    cells, cells that would win for the mover, cells that would win for the opponent.
+
+    The last three are the Connect Four counterpart of AlphaGo's liberty/ladder feature planes: cheap
+    bitboard facts that a small net would otherwise spend most of a short run rediscovering.
+    """
+    env_ids = np.asarray(env_ids)
+    to_move = env.to_move[env_ids]
+    me = (to_move - 1).astype(np.int64)
+    boards = env.boards[env_ids]
+    heights = env.heights[env_ids]
+    playable = (np.arange(ROWS)[None, :, None] == (ROWS - 1 - heights)[:, None, :])
+    return np.stack([boards == to_move[:, None, None], (boards != 0) & (boards != to_move[:, None, None]),
+                     playable, threat_cells(env, env_ids, me), threat_cells(env, env_ids, 1 - me)],
+                    axis=1).astype(np.float32)
