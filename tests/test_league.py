@@ -130,7 +130,7 @@ def counts(league: League, learner: str, n: int = 4000) -> Counter:
 
 def test_league_starts_with_trainables_and_a_snapshot_request_per_main_agent():
     league = League(LeagueConfig(main_agents=2, main_exploiters=1, league_exploiters=2))
-    assert league.trainable == ["main_0", "main_1", "main_exploiter_0",
+    assert league.trainable() == ["main_0", "main_1", "main_exploiter_0",
                                 "league_exploiter_0", "league_exploiter_1"]
     requests = league.pop_requests()
     assert [(r.player, r.name, r.reset) for r in requests] == [("main_0", "main_0.s0", False),

@@ -122,7 +122,6 @@ class League:
     def of_kind(self, kind: str) -> list[str]:
         return [p.name for p in self.players.values() if p.kind == kind]
 
-    @property
     def trainable(self) -> list[str]:
         return [p.name for p in self.players.values() if p.kind in TRAINABLE_KINDS]
 
@@ -143,14 +142,14 @@ class League:
     def set_run_steps(self, total_steps: int) -> None:
         """Scale the snapshot step budgets to a run expected to take ``total_steps`` env steps."""
         c = self.config
-        for name in self.trainable:
+        for name in self.trainable():
             count = c.main_snapshots if self.players[name].kind == MAIN else c.exploiter_snapshots
             self.budgets[name] = max(1, int(total_steps * self.share(name) / count))
 
     # ---- matchmaking ------------------------------------------------------------------------------------
     def next_learner(self) -> str:
         """The trainable player furthest behind its share of the env steps."""
-        names = self.trainable
+        names = self.trainable()
         return min(names, key=lambda n: (self.players[n].steps / self.share(n), names.index(n)))
 
     def next_match(self, learner: str | None = None) -> Match:
@@ -267,17 +266,23 @@ class League:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any], seed: int = 0) -> League:
-        league = cls.__new__(cls)
-        league.config = LeagueConfig(**state["config"])
-        league.rng = np.random.default_rng(seed)
-        league.players = {p["name"]: PlayerState(**p) for p in state["players"]}
-        league.budgets = dict(state["budgets"])
-        league.payoff = Payoff.from_dict(state["payoff"])
-        league.elo = Elo(league.config.elo_k)
-        league.elo.ratings = dict(state["elo"])
-        league._new = [SnapshotRequest(**r) for r in state["open_requests"]]
-        league._open = {r.player: r for r in league._new}
+        league = cls(LeagueConfig(**state["config"]), seed)
+        league.load_state(state)
         return league
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Replace this league's state with a saved one (``to_dict``); used to resume a run."""
+        self.config = LeagueConfig(**state["config"])
+        self.players = {p["name"]: PlayerState(**p) for p in state["players"]}
+        self.budgets = dict(state["budgets"])
+        self.payoff = Payoff.from_dict(state["payoff"])
+        self.elo = Elo(self.config.elo_k)
+        self.elo.ratings = dict(state["elo"])
+        self._new = [SnapshotRequest(**r) for r in state["open_requests"]]
+        self._open = {r.player: r for r in self._new}
+
+    def payoff_matrix(self) -> tuple[list[str], np.ndarray]:
+        return list(self.payoff.players), self.payoff.matrix()
 
     def summary(self) -> list[dict[str, Any]]:
         """One row per player: name, kind, parent, Elo, env steps."""

@@ -1,0 +1,90 @@
+"""End-of-run report: players table, payoff heatmap, learning curve, store memory report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+
+def players_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="League players (by Elo)")
+    for col in ("player", "kind", "parent", "Elo", "env steps"):
+        table.add_column(col, justify="right" if col in ("Elo", "env steps") else "left")
+    for r in sorted(rows, key=lambda r: -r["elo"]):
+        table.add_row(r["name"], r["kind"], r["parent"] or "", f"{r['elo']:.0f}",
+                      f"{r['steps']:,}" if r["kind"] != "historical" else "")
+    return table
+
+
+def players_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| player | kind | parent | Elo | env steps |", "|---|---|---|---:|---:|"]
+    for r in sorted(rows, key=lambda r: -r["elo"]):
+        steps = f"{r['steps']:,}" if r["kind"] != "historical" else ""
+        lines.append(f"| {r['name']} | {r['kind']} | {r['parent'] or ''} | {r['elo']:.0f} | {steps} |")
+    return "\n".join(lines) + "\n"
+
+
+def payoff_heatmap(players: list[str], matrix: np.ndarray, path: Path) -> None:
+    """Row player's decayed win rate against column player (0.5 where they never met)."""
+    size = max(4.0, 0.45 * len(players) + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    im = ax.imshow(matrix, cmap="RdBu", vmin=0, vmax=1)
+    ax.set_xticks(range(len(players)), players, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(players)), players, fontsize=7)
+    ax.set_xlabel("opponent")
+    ax.set_ylabel("player")
+    ax.set_title("Payoff: P[row beats column] (decayed; unseen = 0.5)")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def learning_curve(curve: list[dict[str, Any]], path: Path) -> None:
+    """Win rates of the main agent against the scripted players, and the main agents' Elo, over env steps."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [row["steps"] / 1e6 for row in curve]
+    for key, label in (("win_random", "vs random"), ("win_winblock", "vs win/block")):
+        ax1.plot(steps, [row[key] for row in curve], marker=".", label=label)
+    ax1.axhline(0.95, color="grey", ls=":", lw=1)
+    ax1.axhline(0.60, color="grey", ls=":", lw=1)
+    ax1.set_ylim(0, 1)
+    ax1.set_xlabel("env steps (millions)")
+    ax1.set_ylabel("main agent win rate (both seats)")
+    ax1.legend()
+    ax1.grid(alpha=0.3)
+    mains = sorted({k for row in curve for k in row.get("elo", {})})
+    for name in mains:
+        ax2.plot(steps, [row["elo"].get(name, np.nan) for row in curve], label=name)
+    ax2.set_xlabel("env steps (millions)")
+    ax2.set_ylabel("Elo")
+    ax2.legend(fontsize=7)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def memory_report(stats: dict[str, Any], snapshot_bytes: list[int], workers: int) -> dict[str, Any]:
+    """The node store's memory against what private copies in every worker would cost.
+
+    Private copies: each rollout worker holding its own copy of every frozen snapshot (RLlib's EnvRunner
+    model: workers x snapshots x size). The store holds one copy per node, shared by all workers.
+    """
+    total = int(sum(snapshot_bytes))
+    return {
+        "frozen_snapshots": len(snapshot_bytes),
+        "frozen_snapshot_mib": total / 2**20,
+        "store_hot_mib": stats["hot_bytes"] / 2**20,
+        "store_hot_snapshots": stats["hot_snapshots"],
+        "store_disk_mib": stats["disk_bytes"] / 2**20,
+        "workers": workers,
+        "private_copies_mib": workers * total / 2**20,
+    }
