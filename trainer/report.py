@@ -6,11 +6,16 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
+from rich.table import Table
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from rich.table import Table  # noqa: E402
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (runs headless, never opens a window)."""
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def players_table(rows: list[dict[str, Any]]) -> Table:
@@ -33,6 +38,7 @@ def players_markdown(rows: list[dict[str, Any]]) -> str:
 
 def payoff_heatmap(players: list[str], matrix: np.ndarray, path: Path) -> None:
     """Row player's decayed win rate against column player (0.5 where they never met)."""
+    plt = pyplot()
     size = max(4.0, 0.45 * len(players) + 2)
     fig, ax = plt.subplots(figsize=(size + 1, size))
     im = ax.imshow(matrix, cmap="RdBu", vmin=0, vmax=1)
@@ -49,6 +55,7 @@ def payoff_heatmap(players: list[str], matrix: np.ndarray, path: Path) -> None:
 
 def learning_curve(curve: list[dict[str, Any]], path: Path) -> None:
     """Win rates of the main agent against the scripted players, and the main agents' Elo, over env steps."""
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [row["steps"] / 1e6 for row in curve]
     for key, label in (("win_random", "vs random"), ("win_winblock", "vs win/block")):

@@ -72,6 +72,18 @@ def prepare_run_dir(run_dir: str | Path, config: TrainConfig | None, resume: boo
     return rd, config
 
 
+def serve_snapshot_requests(league: ray.actor.ActorHandle, learners: dict[str, ray.actor.ActorHandle]) -> int:
+    """Have learners publish the snapshots the league asked for, then add them to the league."""
+    requests = ray.get(league.pop_requests.remote())
+    for request in requests:
+        learner = learners[request.player]
+        ray.get(learner.snapshot.remote(request.name))
+        if request.reset:
+            learner.reset.remote()  # runs after the snapshot: calls to one actor keep their order
+        ray.get(league.add_snapshot.remote(request))
+    return len(requests)
+
+
 class Trainer:
     def __init__(self, rd: RunDir, config: TrainConfig, resume: bool, console: Console | None = None):
         self.rd, self.config, self.resume = rd, config, resume
@@ -100,22 +112,14 @@ class Trainer:
             for i, name in enumerate(self.names)}
         ray.get([learner.stats.remote() for learner in self.learners.values()])  # constructed and published
         self.serve_requests()  # the main agents' first snapshots, before any match needs them
-        worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda)
+        worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights)
         worker = ray.remote(RolloutWorker)
         self.workers = [worker.options(num_cpus=c.worker_cpus).remote(
             self.league, self.learners, worker_config, c.seed * 1000 + i) for i in range(c.workers)]
         self.modules = SnapshotModules(self.store, lambda: PolicyNet(c.hidden))
 
     def serve_requests(self) -> int:
-        """Have learners publish the snapshots the league asked for, then add them to the league."""
-        requests = ray.get(self.league.pop_requests.remote())
-        for request in requests:
-            learner = self.learners[request.player]
-            ray.get(learner.snapshot.remote(request.name))
-            if request.reset:
-                learner.reset.remote()  # runs after the snapshot: calls to one actor keep their order
-            ray.get(self.league.add_snapshot.remote(request))
-        return len(requests)
+        return serve_snapshot_requests(self.league, self.learners)
 
     # ---- the run ------------------------------------------------------------------------------------------
     def run(self, minutes: float) -> dict[str, Any]:

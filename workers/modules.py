@@ -52,5 +52,8 @@ class SnapshotModules:
         module.load_state_dict(dict(self.store.get(policy_id, version=version)))
         return module.eval()
 
+    def items(self) -> list[tuple[tuple[str, int], nn.Module]]:
+        return list(self._modules.items())
+
     def __len__(self) -> int:
         return len(self._modules)

@@ -17,6 +17,7 @@ import ray
 import torch
 
 import policystore
+from policystore.memory import process_pss_bytes
 from trainer.connect4 import VecConnectFour
 from trainer.league import Match, MatchResult
 from trainer.model import PolicyNet
@@ -84,6 +85,12 @@ class RolloutWorker:
         ray.get(list(self.in_flight.values()) + ([report] if report else []))
         return self.stats()
 
+    def module_report(self) -> list[dict[str, Any]]:
+        """Per cached policy: whether every parameter is a view into the node store's shared memory."""
+        return [{"policy": pid, "version": version,
+                 "shared": all(isinstance(p, policystore.SharedTensor) for p in module.parameters())}
+                for (pid, version), module in self.modules.items()]
+
     def stats(self) -> dict[str, Any]:
         return {"steps": self.steps, "matches": self.matches, "play_seconds": self.play_seconds,
-                "modules": len(self.modules)}
+                "modules": len(self.modules), "pss_mib": process_pss_bytes() / 2**20}
