@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                 row = training_point(mode, w, seconds, Path(tmp))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-        ray.init(num_cpus=2, object_store_memory=256 * MiB, include_dashboard=False)
+        ray.init(address="local", num_cpus=2, object_store_memory=256 * MiB, include_dashboard=False)
         try:
             for mode in modes:
                 row = forward_point(mode, batch=256, hidden=TrainConfig().hidden, repeats=200 if args.quick else 1000)

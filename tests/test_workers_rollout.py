@@ -19,7 +19,7 @@ PPO_SMALL = PPOConfig(batch=256, minibatch=128, epochs=1)
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    ray.init(num_cpus=2, object_store_memory=512 * 2**20, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, object_store_memory=512 * 2**20, include_dashboard=False)
     yield policystore.connect(policystore.StoreConfig(spill_dir=str(tmp_path_factory.mktemp("spill"))))
     ray.shutdown()
 

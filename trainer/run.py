@@ -96,7 +96,8 @@ class Trainer:
     def start(self) -> None:
         c = self.config
         if not ray.is_initialized():
-            ray.init(num_cpus=c.num_cpus, object_store_memory=c.object_store_mib * 2**20,
+            # address="local": a fresh local Ray, never the last cluster `ray start` left on this machine.
+            ray.init(address="local", num_cpus=c.num_cpus, object_store_memory=c.object_store_mib * 2**20,
                      include_dashboard=False, log_to_driver=True)
             self.owns_ray = True
         self.store = policystore.connect(policystore.StoreConfig(
