@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=None,
                    help=f"training time (default {DEFAULT_MINUTES:g}; with --resume: the saved run's value)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir (its saved config)")
+    p.add_argument("--game", default=d.game, help="connect4 (default), or pettingzoo:<classic env> such as "
+                   "pettingzoo:tictactoe_v3 (needs the pettingzoo extra; far slower)")
     p.add_argument("--workers", type=int, default=d.workers, help=f"rollout workers (default {d.workers})")
     p.add_argument("--games-per-match", type=int, default=d.games_per_match,
                    help=f"games a worker plays at once per match (default {d.games_per_match})")
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         train(args.run_dir, resume=True, minutes=args.minutes)
         return 0
     config = TrainConfig(
-        minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, seed=args.seed,
+        minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, game=args.game, seed=args.seed,
         workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
         learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus,
         league=LeagueConfig(main_agents=args.main_agents, main_exploiters=args.main_exploiters,

@@ -11,12 +11,13 @@ from typing import Any
 from trainer.league import LeagueConfig
 from trainer.ppo import PPOConfig
 
-DEFAULT_MINUTES = 8.0
+DEFAULT_MINUTES = 9.0
 
 
 @dataclass
 class TrainConfig:
     minutes: float = DEFAULT_MINUTES
+    game: str = "connect4"           # or "pettingzoo:<classic env>" (the pettingzoo extra)
     seed: int = 0
     workers: int = 1
     games_per_match: int = 512

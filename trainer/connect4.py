@@ -16,6 +16,7 @@ import numpy as np
 
 ROWS = 6
 COLS = 7
+NUM_PLANES = 5  # input planes of the policy net, see observation_planes
 _H1 = ROWS + 1  # bits per column including the sentinel
 # Bit distance between neighbours: vertical, horizontal, and the two diagonals.
 _SHIFTS = (np.uint64(1), np.uint64(_H1), np.uint64(_H1 - 1), np.uint64(_H1 + 1))
@@ -53,10 +54,14 @@ class VecConnectFour:
     finished until ``reset``; stepping a finished game or playing a full column raises ``ValueError``.
     """
 
+    max_moves = ROWS * COLS
+    num_actions = COLS
+
     def __init__(self, num_envs: int):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.num_envs = num_envs
+        self.plane_shape = (NUM_PLANES, ROWS, COLS)
         self.single_observation_space = single_observation_space()
         self.single_action_space = single_action_space()
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
@@ -89,6 +94,10 @@ class VecConnectFour:
         """Batched observation in the layout of ``observation_space`` (copies)."""
         ids = slice(None) if env_ids is None else np.asarray(env_ids)
         return {"board": self.boards[ids].copy(), "action_mask": self.legal_mask(env_ids).astype(np.int8)}
+
+    def planes(self, env_ids: np.ndarray) -> np.ndarray:
+        """The policy net's input for the listed games (see ``observation_planes``)."""
+        return observation_planes(self, env_ids)
 
     def step(self, actions: np.ndarray, env_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Play ``actions[i]`` in game ``env_ids[i]``; returns ``(done, winner)`` for those games."""
@@ -202,8 +211,6 @@ def threat_cells(env: VecConnectFour, env_ids: np.ndarray, seat: np.ndarray) -> 
     threats = np.bitwise_or.reduce(np.where(open_three, fourth, np.uint64(0)), axis=1)
     return (threats[:, None, None] & _CELL_BITS[None]) != 0
 
-
-NUM_PLANES = 5
 
 
 def observation_planes(env: VecConnectFour, env_ids: np.ndarray) -> np.ndarray:

@@ -13,20 +13,20 @@ import numpy as np
 from torch import nn
 
 from trainer.baselines import BASELINES
-from trainer.connect4 import VecConnectFour
-from trainer.policy import load_net
+from trainer.games import CONNECT4, Game, get_game
+from trainer.policy import load_net, run_config
 from workers.play import net_policy, play, scripted_policy
 
 
-def evaluate(net: nn.Module, games_per_seat: int = 1000, seed: int = 0,
-             opponents: tuple[str, ...] = ("random", "winblock")) -> dict[str, dict[str, float]]:
-    """Greedy play (argmax, as ``load_policy`` plays) against each scripted opponent, half the games
-    moving first. Rates are fractions of all games; ``win_first``/``win_second`` split them by seat."""
+def evaluate(net: nn.Module, game: Game = CONNECT4, games_per_seat: int = 1000,
+             seed: int = 0) -> dict[str, dict[str, float]]:
+    """Greedy play (argmax, as ``load_policy`` plays) against each of the game's scripted opponents, half
+    the games moving first. Rates are fractions of all games; ``win_first``/``win_second`` split them by seat."""
     rng = np.random.default_rng(seed)
-    env = VecConnectFour(2 * games_per_seat)
+    env = game.make(2 * games_per_seat)
     first = np.arange(env.num_envs) % 2 == 0  # play() seats side 0 first in even games
     results = {}
-    for name in opponents:
+    for name in game.baselines:
         outcome = play(env, (net_policy(net, greedy=True), scripted_policy(BASELINES[name], rng)))
         won = env.winner == np.where(first, 1, 2)
         results[name] = {"win": outcome.wins / env.num_envs, "draw": outcome.draws / env.num_envs,
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     version = args.version if args.version == "latest" else int(args.version)
     net = load_net(args.run_dir, args.player, version)
-    results = evaluate(net, args.games, args.seed)
+    results = evaluate(net, get_game(run_config(args.run_dir).game), args.games, args.seed)
     if args.json:
         print(json.dumps({"player": args.player or "main_0", "version": args.version, **results}))
         return

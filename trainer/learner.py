@@ -17,7 +17,7 @@ from torch import nn
 
 import policystore
 from trainer.checkpoint import has_learner, load_learner, load_weights, save_learner, save_weights
-from trainer.model import PolicyNet
+from trainer.games import get_game
 from trainer.ppo import PPO, PPOConfig
 
 
@@ -35,7 +35,7 @@ class LearnerShard:
     """PPO for one player. Keep the methods short: workers wait on ``add`` for back-pressure."""
 
     def __init__(self, player: str, checkpoint_dir: str, ppo: PPOConfig, hidden: int, seed: int,
-                 publish_every: int = 1, resume: bool = False):
+                 publish_every: int = 1, resume: bool = False, game: str = "connect4"):
         torch.set_num_threads(1)
         self.player = player
         self.dir = Path(checkpoint_dir)
@@ -43,7 +43,7 @@ class LearnerShard:
         self.device = choose_device(ray.get_gpu_ids())
         self.store = policystore.connect()
         torch.manual_seed(seed)
-        self.ppo = PPO(PolicyNet(hidden), ppo, self.device, seed)
+        self.ppo = PPO(get_game(game).net(hidden), ppo, self.device, seed)
         self.samples = 0
         self.buffer: list[dict[str, np.ndarray]] = []
         self.buffered = 0

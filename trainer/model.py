@@ -3,6 +3,8 @@ is the whole budget (a 2-layer conv net was 5x slower per sample here for the sa
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -13,17 +15,17 @@ MASKED_LOGIT = -1e9
 
 
 class PolicyNet(nn.Module):
-    """``(n, 2, 6, 7)`` planes (mover's stones, opponent's stones) -> (logits ``(n, 7)``, value ``(n,)``).
+    """``(n, *planes)`` input planes -> (logits ``(n, actions)``, value ``(n,)``); Connect Four by default.
 
     Parameters only, no buffers: the module can be rebuilt on the meta device over store views.
     """
 
-    def __init__(self, hidden: int = 256):
+    def __init__(self, hidden: int = 128, planes: tuple[int, ...] = (NUM_PLANES, ROWS, COLS), actions: int = COLS):
         super().__init__()
         self.hidden = hidden
-        self.body = nn.Sequential(nn.Flatten(), nn.Linear(NUM_PLANES * ROWS * COLS, hidden), nn.ReLU(),
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(planes), hidden), nn.ReLU(),
                                   nn.Linear(hidden, hidden), nn.ReLU())
-        self.policy = nn.Linear(hidden, COLS)
+        self.policy = nn.Linear(hidden, actions)
         self.value = nn.Linear(hidden, 1)
 
     def forward(self, planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ from safetensors.torch import load as load_safetensors
 from policystore.format import verify_buffer
 from trainer.config import TrainConfig
 from trainer.connect4 import COLS, VecConnectFour, observation_planes
+from trainer.games import CONNECT4, get_game
 from trainer.model import PolicyNet, act
 
 _FILE = re.compile(r"^(\d+)\.safetensors(\.lz4)?$")
@@ -33,14 +34,18 @@ def _versions(folder: Path) -> dict[int, Path]:
     return found
 
 
+def run_config(run_dir: str | Path) -> TrainConfig:
+    config_path = Path(run_dir) / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a trainer run directory (no config.json)")
+    return TrainConfig.load(config_path)
+
+
 def load_net(run_dir: str | Path, player: str | None = None, version: int | str = "latest") -> PolicyNet:
     """The policy net of ``player`` (a trainable player such as ``main_0`` or a snapshot such as
     ``main_0.s3``; ``None`` = the first main agent) at a store version (``"latest"`` or an int)."""
     run_dir = Path(run_dir)
-    config_path = run_dir / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(f"{run_dir} is not a trainer run directory (no config.json)")
-    config = TrainConfig.load(config_path)
+    config = run_config(run_dir)
     player = player or "main_0"
     folder = run_dir / "store" / player
     versions = _versions(folder) if folder.is_dir() else {}
@@ -55,7 +60,7 @@ def load_net(run_dir: str | Path, player: str | None = None, version: int | str 
     path = versions[version]
     data = lz4.frame.decompress(path.read_bytes()) if path.name.endswith(".lz4") else path.read_bytes()
     verify_buffer(np.frombuffer(data, dtype=np.uint8), name=f"{player} v{version} ({path})")
-    net = PolicyNet(config.hidden)
+    net = get_game(config.game).net(config.hidden)
     net.load_state_dict(load_safetensors(data))
     return net.eval()
 
@@ -66,6 +71,8 @@ def load_policy(run_dir: str | Path, player: str | None = None, version: int | s
     ``board``: ``(6, 7)`` int8, row 0 the top row, 0 empty, 1/2 the players' stones; ``player_to_move``: 1
     or 2; ``legal_actions``: columns allowed (default: every column that is not full).
     """
+    if run_config(run_dir).game != CONNECT4.name:
+        raise ValueError(f"load_policy plays Connect Four boards; {run_dir} trained {run_config(run_dir).game!r}")
     net = load_net(run_dir, player, version)
 
     def act_on(board: np.ndarray, player_to_move: int, legal_actions: Sequence[int] | np.ndarray | None = None

@@ -18,6 +18,15 @@ def pyplot():
     return plt
 
 
+def win_keys(curve: list[dict[str, Any]]) -> list[str]:
+    """The evaluation opponents recorded in the curve (``win_random``, ``win_winblock``, ...)."""
+    return [k for k in (curve[0] if curve else {}) if k.startswith("win_")]
+
+
+def win_rates_text(row: dict[str, Any]) -> str:
+    return "   ".join(f"vs {k[4:]} {row[k]:.1%}" for k in win_keys([row]))
+
+
 def players_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="League players (by Elo)")
     for col in ("player", "kind", "parent", "Elo", "env steps"):
@@ -58,8 +67,8 @@ def learning_curve(curve: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [row["steps"] / 1e6 for row in curve]
-    for key, label in (("win_random", "vs random"), ("win_winblock", "vs win/block")):
-        ax1.plot(steps, [row[key] for row in curve], marker=".", label=label)
+    for key in win_keys(curve):
+        ax1.plot(steps, [row[key] for row in curve], marker=".", label=f"vs {key[4:]}")
     ax1.axhline(0.95, color="grey", ls=":", lw=1)
     ax1.axhline(0.60, color="grey", ls=":", lw=1)
     ax1.set_ylim(0, 1)

@@ -30,9 +30,9 @@ import policystore
 from trainer import report
 from trainer.config import TrainConfig
 from trainer.evaluate import evaluate
+from trainer.games import get_game
 from trainer.league import MAIN, League
 from trainer.learner import LearnerShard
-from trainer.model import PolicyNet
 from workers.modules import SnapshotModules
 from workers.rollout import RolloutWorker, WorkerConfig
 
@@ -109,15 +109,16 @@ class Trainer:
         shard = ray.remote(LearnerShard)
         self.learners = {
             name: shard.options(num_cpus=c.learner_cpus, num_gpus=c.learner_gpus).remote(
-                name, str(self.rd.checkpoints), c.ppo, c.hidden, c.seed + i, c.publish_every, self.resume)
+                name, str(self.rd.checkpoints), c.ppo, c.hidden, c.seed + i, c.publish_every, self.resume, c.game)
             for i, name in enumerate(self.names)}
         ray.get([learner.stats.remote() for learner in self.learners.values()])  # constructed and published
         self.serve_requests()  # the main agents' first snapshots, before any match needs them
-        worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights)
+        worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights, game=c.game)
         worker = ray.remote(RolloutWorker)
         self.workers = [worker.options(num_cpus=c.worker_cpus).remote(
             self.league, self.learners, worker_config, c.seed * 1000 + i) for i in range(c.workers)]
-        self.modules = SnapshotModules(self.store, lambda: PolicyNet(c.hidden))
+        self.game = get_game(c.game)
+        self.modules = SnapshotModules(self.store, lambda: self.game.net(c.hidden))
 
     def serve_requests(self) -> int:
         return serve_snapshot_requests(self.league, self.learners)
@@ -171,12 +172,11 @@ class Trainer:
     def evaluate_main(self, status: dict[str, Any]) -> None:
         """Win rates of the first main agent's latest version (read from the store, zero-copy)."""
         net = self.modules.get("main_0", frozen=False)
-        results = evaluate(net, self.config.eval_games, seed=len(self.curve))
+        results = evaluate(net, self.game, self.config.eval_games, seed=len(self.curve))
         elo = {r["name"]: r["elo"] for r in status["summary"] if r["kind"] == MAIN}
         self.curve.append({"time_s": self.elapsed_before + status["elapsed_s"],
-                           "steps": self.total_steps(status["summary"]),
-                           "win_random": results["random"]["win"], "win_winblock": results["winblock"]["win"],
-                           "elo": elo})
+                           "steps": self.total_steps(status["summary"]), "elo": elo,
+                           **{f"win_{name}": r["win"] for name, r in results.items()}})
 
     def status_table(self, status: dict[str, Any]) -> Table:
         table = Table(show_header=False, box=None, padding=(0, 2))
@@ -187,8 +187,7 @@ class Trainer:
         table.add_row("Elo (mains)", "  ".join(f"{r['name']} {r['elo']:.0f}" for r in summary if r["kind"] == MAIN))
         if self.curve:
             last = self.curve[-1]
-            table.add_row("main_0 wins", f"vs random {last['win_random']:.1%}   vs win/block {last['win_winblock']:.1%}"
-                          f"   (at {last['steps']:,} steps)")
+            table.add_row("main_0 wins", f"{report.win_rates_text(last)}   (at {last['steps']:,} steps)")
         return table
 
     def checkpoint(self, session_elapsed: float) -> None:
@@ -219,7 +218,7 @@ class Trainer:
         if self.curve:
             last = self.curve[-1]
             self.console.print(f"main_0 (greedy, {2 * self.config.eval_games} games per opponent, both seats): "
-                               f"wins {last['win_random']:.1%} vs random, {last['win_winblock']:.1%} vs win/block")
+                               f"wins {report.win_rates_text(last)}")
         self.console.print(
             f"env steps this session: {status['steps']:,} in {status['elapsed_s']:.0f} s "
             f"({status['steps_per_s']:,.0f} steps/s)")

@@ -13,11 +13,9 @@ import torch
 from torch import nn
 
 from trainer.baselines import Player
-from trainer.connect4 import COLS, NUM_PLANES, ROWS, VecConnectFour, observation_planes
+from trainer.connect4 import VecConnectFour
 from trainer.model import act
 from trainer.ppo import gae
-
-MAX_MOVES_PER_SIDE = (ROWS * COLS + 1) // 2
 
 # (env, env ids, planes, legal) -> (actions, log-probs or None, values or None)
 Policy = Callable[[VecConnectFour, np.ndarray, np.ndarray, np.ndarray],
@@ -40,10 +38,10 @@ def scripted_policy(player: Player, rng: np.random.Generator) -> Policy:
 class Trajectories:
     """One side's moves in a batch of games, kept per game in move order (for GAE)."""
 
-    def __init__(self, num_games: int):
-        t = MAX_MOVES_PER_SIDE
-        self.planes = np.zeros((num_games, t, NUM_PLANES, ROWS, COLS), dtype=bool)
-        self.legal = np.zeros((num_games, t, COLS), dtype=bool)
+    def __init__(self, num_games: int, plane_shape: tuple[int, ...], num_actions: int, max_moves: int):
+        t = (max_moves + 1) // 2  # the first mover's share
+        self.planes = np.zeros((num_games, t, *plane_shape), dtype=bool)
+        self.legal = np.zeros((num_games, t, num_actions), dtype=bool)
         self.actions = np.zeros((num_games, t), dtype=np.int64)
         self.logp = np.zeros((num_games, t), dtype=np.float32)
         self.values = np.zeros((num_games, t), dtype=np.float32)
@@ -62,7 +60,7 @@ class Trajectories:
     def finish(self, final_reward: np.ndarray, gamma: float, lam: float) -> dict[str, np.ndarray]:
         """Flat training batch (only recorded moves) with GAE advantages and returns."""
         advantages, returns = gae(self.values, self.length, final_reward.astype(np.float32), gamma, lam)
-        valid = np.arange(MAX_MOVES_PER_SIDE)[None, :] < self.length[:, None]
+        valid = np.arange(self.actions.shape[1])[None, :] < self.length[:, None]
         return {"planes": self.planes[valid], "legal": self.legal[valid], "actions": self.actions[valid],
                 "logp": self.logp[valid], "advantages": advantages[valid], "returns": returns[valid]}
 
@@ -86,14 +84,14 @@ def play(env: VecConnectFour, policies: tuple[Policy, Policy], record: tuple[boo
     n = env.num_envs
     env.reset()
     seat0 = np.where(np.arange(n) % 2 == 0, 1, 2).astype(np.int8)  # side 0's player number per game
-    recorders = [Trajectories(n) if r else None for r in record]
+    recorders = [Trajectories(n, env.plane_shape, env.num_actions, env.max_moves) if r else None for r in record]
     same = policies[0] is policies[1]
     while True:
         ids = np.flatnonzero(~env.done)
         if ids.size == 0:
             break
         to_move = env.to_move[ids]
-        planes = observation_planes(env, ids)
+        planes = env.planes(ids)
         legal = env.legal_mask(ids)
         side0 = to_move == seat0[ids]
         actions = np.empty(ids.size, dtype=np.int64)

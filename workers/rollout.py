@@ -18,9 +18,8 @@ import torch
 
 import policystore
 from policystore.memory import process_pss_bytes
-from trainer.connect4 import VecConnectFour
+from trainer.games import get_game
 from trainer.league import Match, MatchResult
-from trainer.model import PolicyNet
 from workers.modules import SnapshotModules
 from workers.play import net_policy, play
 
@@ -32,6 +31,7 @@ class WorkerConfig:
     gamma: float = 0.99
     gae_lambda: float = 0.95
     weights: str = "store"      # "private": copy every policy into the worker (benchmark comparison only)
+    game: str = "connect4"
     module_cache: int = 16      # modules (views) kept per worker
 
 
@@ -41,10 +41,9 @@ class RolloutWorker:
         torch.set_num_threads(1)
         self.league, self.learners, self.config = league, learners, config
         self.store = policystore.connect()
-        hidden = config.hidden
-        self.modules = SnapshotModules(self.store, lambda: PolicyNet(hidden), config.weights,
-                                       config.module_cache)
-        self.env = VecConnectFour(config.games_per_match)
+        game, hidden = get_game(config.game), config.hidden
+        self.modules = SnapshotModules(self.store, lambda: game.net(hidden), config.weights, config.module_cache)
+        self.env = game.make(config.games_per_match)
         self.generator = torch.Generator().manual_seed(seed)
         self.in_flight: dict[str, ray.ObjectRef] = {}
         self.steps = 0
