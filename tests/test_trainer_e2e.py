@@ -60,6 +60,8 @@ def test_resume_continues_the_run(run_dir):
     assert read(run_dir, "checkpoints/main_0.json")["updates"] > updates
     assert read(run_dir, "state.json")["elapsed_s"] > elapsed + 10
     assert len(read(run_dir, "curve.json")) > evaluations
+    # The first session's live versions were cleaned up too: only the newest two of main_0 stay on disk.
+    assert len(list((run_dir / "store" / "main_0").glob("*.safetensors*"))) <= 2
     with pytest.raises(FileExistsError, match="--resume"):
         train(run_dir, TrainConfig(minutes=0.1))
 

@@ -53,6 +53,8 @@ class LearnerShard:
         if resume and has_learner(self.dir, player):
             counters = load_learner(self.dir, player, self.ppo.net, self.ppo.opt)
             self.ppo.updates, self.samples = counters["updates"], counters["samples"]
+            # The previous session's live versions came back with the store's catalog: clean them up too.
+            self.live = sorted(i.id.version for i in self.store.list() if i.id.policy_id == player)
         else:
             self.dir.mkdir(parents=True, exist_ok=True)
             save_weights(init_path, self.ppo.net.state_dict())

@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from trainer.baselines import Player
-from trainer.connect4 import VecConnectFour
+from trainer.games import VecGame
 from trainer.model import act
 from trainer.ppo import gae
 
 # (env, env ids, planes, legal) -> (actions, log-probs or None, values or None)
-Policy = Callable[[VecConnectFour, np.ndarray, np.ndarray, np.ndarray],
+Policy = Callable[[VecGame, np.ndarray, np.ndarray, np.ndarray],
                   tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]
 
 
@@ -74,7 +74,7 @@ class Outcome:
     batch: dict[str, np.ndarray] | None   # side 0's moves (and side 1's if it was recorded too)
 
 
-def play(env: VecConnectFour, policies: tuple[Policy, Policy], record: tuple[bool, bool] = (False, False),
+def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool] = (False, False),
          gamma: float = 0.99, lam: float = 0.95) -> Outcome:
     """Play every game in ``env`` to the end: side 0 moves first in even games, second in odd ones.
 
