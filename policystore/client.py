@@ -59,8 +59,9 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
 
     Starts a local Ray if none is running, and the cluster catalog if it is missing. The store is a named, detached
     actor pinned to its node, taking no CPU slot; concurrent ``connect()`` calls from many workers find the same
-    one (creation is atomic in Ray's GCS). ``config`` applies when the store is created; passing a different one to
-    a running store is an error.
+    one (creation is atomic in Ray's GCS). The first ``config`` given in a cluster becomes the cluster's: stores
+    started later on any node (by a bare ``connect()`` in a worker) use it. Passing a different one to a running
+    store is an error.
     """
     if not ray.is_initialized():
         ray.init()
@@ -68,7 +69,7 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
     with _clients_lock:
         client = _clients.get(node_id)
         if client is None:
-            client = _clients[node_id] = PolicyStore(node_id, config or StoreConfig())
+            client = _clients[node_id] = PolicyStore(node_id, config)
     if config is not None and client.config != config:
         raise PolicyStoreError(
             f"the store on node {node_id} already runs with {client.config}; connect() was given {config}"
@@ -84,6 +85,7 @@ def connect_all(config: StoreConfig | None = None) -> dict[str, PolicyStore]:
 
 
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
+    """The cluster catalog: found by name, or created with ``config`` as the cluster's store settings."""
     journal = config.catalog_journal(ray.get_runtime_context().get_session_name())
     return _CatalogActor.options(
         name=CATALOG_NAME,
@@ -95,12 +97,15 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
         max_restarts=-1,
         # Beside the driver that started it (the head node, usually), but free to move if that node goes.
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-    ).remote(journal)
+    ).remote(journal, config)
 
 
-def _store_actor(node_id: str, config: StoreConfig) -> ray.actor.ActorHandle:
-    """The node's store actor: found by name, or created (atomically, in Ray's GCS) with ``config``."""
-    ray.get(_catalog_actor(config).__ray_ready__.remote())
+def _store_actor(node_id: str, config: StoreConfig | None) -> ray.actor.ActorHandle:
+    """The node's store actor: found by name, or created (atomically, in Ray's GCS) with ``config`` (None: the
+    cluster's settings, kept by the catalog)."""
+    catalog = _catalog_actor(config or StoreConfig())
+    if config is None:
+        config = ray.get(catalog.store_config.remote())
     return _StoreActor.options(
         name=store_name(node_id),
         namespace=NAMESPACE,
@@ -116,7 +121,7 @@ def _store_actor(node_id: str, config: StoreConfig) -> ray.actor.ActorHandle:
 class PolicyStore:
     """Handle on one node's store. Thread-safe; get one per process with ``connect()``."""
 
-    def __init__(self, node_id: str, config: StoreConfig):
+    def __init__(self, node_id: str, config: StoreConfig | None):
         self.node_id = node_id
         self._actor = _store_actor(node_id, config)
         self.config: StoreConfig = self._call("store_config")
