@@ -124,21 +124,23 @@ class PolicyStore:
     def __init__(self, node_id: str, config: StoreConfig | None):
         self.node_id = node_id
         self._actor = _store_actor(node_id, config)
+        self._catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
         self.config: StoreConfig = self._call("store_config")
         self._hot_capacity = int(self._call("stats")["hot_capacity_bytes"])
 
-    def _call(self, method: str, *args: Any, idempotent: bool = True) -> Any:
-        """Call the store, riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
+    def _call(self, method: str, *args: Any, idempotent: bool = True, actor: str = "store") -> Any:
+        """Call the store (or the catalog), riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
 
         Writes are not retried: a publish that may or may not have landed must be visible to the caller.
         """
         deadline = time.monotonic() + RETRY_TIMEOUT_S
         while True:
             try:
-                return _call(getattr(self._actor, method), *args)
+                return _call(getattr(self._actor if actor == "store" else self._catalog, method), *args)
             except _RESTARTING as exc:
                 if isinstance(exc, ray.exceptions.ActorDiedError):  # stopped for good: find or start its successor
                     self._actor = _store_actor(self.node_id, self.config)
+                    self._catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
                 if not idempotent or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
@@ -169,11 +171,11 @@ class PolicyStore:
         """The snapshot (latest version by default) as zero-copy read-only views; restored from disk, or fetched
         from another node, if this node's store does not hold it in memory."""
         check_policy_id(policy_id)
-        if version is not None:
-            check_version(version)
-            cached = _snapshots.get(SnapshotId(policy_id, version))
-            if cached is not None:
-                return cached
+        if version is None:  # ask the catalog: a latest version this process already holds needs nothing more
+            version = self.latest_version(policy_id)
+        cached = _snapshots.get(SnapshotId(policy_id, check_version(version)))
+        if cached is not None:
+            return cached
         deadline = time.monotonic() + RETRY_TIMEOUT_S
         while True:
             pid, resolved, (ref,) = self._call("resolve", policy_id, version)
@@ -202,7 +204,8 @@ class PolicyStore:
         return module
 
     def latest_version(self, policy_id: str) -> int:
-        return int(self.list(policy_id)[-1].id.version)
+        """The newest committed version of ``policy_id``, cluster-wide."""
+        return int(self._call("lookup", check_policy_id(policy_id), actor="catalog")["version"])
 
     def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
         """Every snapshot in the cluster (or of one policy), with where this node holds it."""
