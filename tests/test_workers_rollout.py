@@ -75,7 +75,7 @@ def test_learner_trains_on_a_fractional_gpu_and_publishes_host_copies(store, tmp
 
 
 def start_league(store, tmp_path, mode: str):
-    config = LeagueConfig(main_share=0.5)
+    config = LeagueConfig(main_exploiters=1, league_exploiters=0)
     league = ray.remote(League).options(num_cpus=0).remote(config, 0)
     names = ray.get(league.trainable.remote())
     learners = {n: shard(n, tmp_path / mode) for n in names}
@@ -89,7 +89,7 @@ def start_league(store, tmp_path, mode: str):
 @pytest.mark.parametrize("mode", ["store", "private"])
 def test_worker_plays_league_matches_and_feeds_learners(store, tmp_path, mode):
     league, learners, worker = start_league(store, tmp_path, mode)
-    stats = ray.get(worker.run.remote(4.0))
+    stats = ray.get(worker.run.remote(3.0))
     assert stats["matches"] >= 3 and stats["steps"] > 0
     summary = ray.get(league.summary.remote())
     assert sum(r["steps"] for r in summary if r["kind"] != "historical") == stats["steps"]
