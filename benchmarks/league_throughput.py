@@ -1,15 +1,16 @@
 """League training throughput: env steps/s with training included, store views against private copies.
 
 Each point runs the real trainer (league actor, PPO learner shards, rollout workers, node store) on a fresh
-local Ray for --seconds and counts the env steps (moves of both sides) that the learners trained on. Mode
+local Ray for --seconds and counts the env steps (moves of both sides) of the matches whose trajectories
+reached the learners, over the whole run (startup excluded, final evaluation included). Mode
 ``store``: workers play every policy as zero-copy views into the node store; ``private``: every worker copies
 each policy it plays into a module of its own (the RLlib EnvRunner way). A second kind of point times one
-batched forward pass on both kinds of module, which is where the two paths differ.
+batched forward pass on both kinds of module, called directly and the way workers call it (``act``).
 
 Prints one JSON object per measured point on stdout; writes results.json, throughput.png and results.md
 to --out.
 
-    python -m benchmarks.league_throughput                  # 60 s per point, 1 and 2 workers
+    python -m benchmarks.league_throughput                  # 60 s per point, 1 and 2 workers, 2 repeats
     python -m benchmarks.league_throughput --quick          # 15 s per point, 1 worker (smoke test)
 """
 
@@ -35,7 +36,7 @@ import policystore
 from policystore.memory import session_pss_bytes
 from trainer.config import TrainConfig
 from trainer.connect4 import COLS, NUM_PLANES, ROWS
-from trainer.model import PolicyNet
+from trainer.model import PolicyNet, act
 from trainer.report import pyplot
 from trainer.run import Trainer, prepare_run_dir
 
@@ -81,23 +82,34 @@ def training_point(mode: str, workers: int, seconds: float, root: Path) -> dict[
     }
 
 
-def forward_point(mode: str, batch: int, hidden: int, repeats: int) -> dict[str, Any]:
-    """Time one batched forward pass on a module over store views (``store``) or a private copy."""
+def forward_point(mode: str, path: str, batch: int, hidden: int, repeats: int) -> dict[str, Any]:
+    """Time one batched forward pass on a module over store views (``store``) or a private copy, called
+    directly (``module``: every op goes through the views' write guard) or the way workers call it (``act``)."""
     torch.set_num_threads(1)
     store = policystore.connect()
     net = PolicyNet(hidden)
     store.publish("bench_forward", net.state_dict())
     module = store.load_module("bench_forward", lambda: PolicyNet(hidden)) if mode == "store" else net.eval()
-    x = torch.rand(batch, NUM_PLANES, ROWS, COLS)
+    planes = np.random.default_rng(0).random((batch, NUM_PLANES, ROWS, COLS)).astype(np.float32)
+    legal = np.ones((batch, COLS), dtype=bool)
+    x = torch.from_numpy(planes)
+    call = (lambda: act(module, planes, legal)) if path == "act" else (lambda: module(x))
     with torch.inference_mode():
         for _ in range(20):
-            module(x)
+            call()
         start = time.perf_counter()
         for _ in range(repeats):
-            module(x)
+            call()
         elapsed = time.perf_counter() - start
-    return {"bench": "forward", "mode": mode, "batch": batch, "hidden": hidden,
+    return {"bench": "forward", "mode": mode, "path": path, "batch": batch, "hidden": hidden,
             "forward_us": round(elapsed / repeats * 1e6, 1), **machine()}
+
+
+def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["mode"], r["workers"]), []).append(r)
+    return groups
 
 
 def write_results(rows: list[dict[str, Any]], out: Path) -> None:
@@ -105,16 +117,22 @@ def write_results(rows: list[dict[str, Any]], out: Path) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     train = [r for r in rows if r["bench"] == "league_training"]
     fwd = [r for r in rows if r["bench"] == "forward"]
-    lines = ["| mode | workers | env steps/s | learner samples/s | updates | frozen snapshots | worker PSS MiB "
-             "| store hot MiB | private copies MiB | load (1 min) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in train:
-        lines.append(f"| {r['mode']} | {r['workers']} | {r['env_steps_per_s']:,.0f} "
-                     f"| {r['learner_samples_per_s']:,.0f} | {r['learner_updates']} | {r['frozen_snapshots']} "
-                     f"| {r['worker_pss_mib']} | {r['store_hot_mib']} | {r['private_copies_mib']} | {r['load_1m']} |")
+    lines = ["| mode | workers | runs | env steps/s (median) | min..max | learner samples/s | frozen snapshots "
+             "| worker PSS MiB | store hot MiB | private copies MiB | load (1 min) |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    for (mode, w), group in grouped(train).items():
+        med = {k: float(np.median([r[k] for r in group])) for k in (
+            "env_steps_per_s", "learner_samples_per_s", "frozen_snapshots", "worker_pss_mib", "store_hot_mib",
+            "private_copies_mib")}
+        rates = [r["env_steps_per_s"] for r in group]
+        loads = ", ".join(str(r["load_1m"]) for r in group)
+        lines.append(f"| {mode} | {w} | {len(group)} | {med['env_steps_per_s']:,.0f} | {min(rates):,.0f}.."
+                     f"{max(rates):,.0f} | {med['learner_samples_per_s']:,.0f} | {med['frozen_snapshots']:.0f} "
+                     f"| {med['worker_pss_mib']:.1f} | {med['store_hot_mib']:.2f} | {med['private_copies_mib']:.2f} "
+                     f"| {loads} |")
     if fwd:
-        lines += ["", "| forward pass | batch | hidden | µs |", "|---|---:|---:|---:|"]
-        lines += [f"| {r['mode']} | {r['batch']} | {r['hidden']} | {r['forward_us']} |" for r in fwd]
+        lines += ["", "| forward pass | called via | batch | hidden | µs |", "|---|---|---:|---:|---:|"]
+        lines += [f"| {r['mode']} | {r['path']} | {r['batch']} | {r['hidden']} | {r['forward_us']} |" for r in fwd]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     if train:
         plt = pyplot()
@@ -123,12 +141,13 @@ def write_results(rows: list[dict[str, Any]], out: Path) -> None:
         counts = sorted({r["workers"] for r in train})
         width = 0.8 / len(modes)
         for i, mode in enumerate(modes):
-            values = [next((r["env_steps_per_s"] for r in train if r["mode"] == mode and r["workers"] == w), 0)
+            groups = grouped(train)
+            values = [float(np.median([r["env_steps_per_s"] for r in groups.get((mode, w), [])] or [0]))
                       for w in counts]
             ax.bar(np.arange(len(counts)) + i * width, values, width, label=mode)
         ax.axhline(5000, color="grey", ls=":", lw=1, label="target 5,000/s")
         ax.set_xticks(np.arange(len(counts)) + width * (len(modes) - 1) / 2, [f"{w} worker(s)" for w in counts])
-        ax.set_ylabel("env steps/s (training included)")
+        ax.set_ylabel("env steps/s, training included (median)")
         ax.set_title(f"League training throughput ({train[0]['cpus']} CPUs)")
         ax.legend()
         fig.tight_layout()
@@ -143,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=None, help="training seconds per point (default 60)")
     p.add_argument("--workers", default=None, help="comma-separated worker counts (default 1,2)")
     p.add_argument("--modes", default="store,private", help="comma-separated: store, private")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="runs per point, modes alternating order (default 2, --quick 1); tables show the median")
     p.add_argument("--out", default="results/league_throughput", help="results folder")
     args = p.parse_args(argv)
     seconds = args.seconds or (15.0 if args.quick else 60.0)
@@ -151,19 +172,24 @@ def main(argv: list[str] | None = None) -> None:
     for mode in modes:
         if mode not in ("store", "private"):
             p.error(f"unknown mode {mode!r}; choose store or private")
+    repeats = args.repeats or (1 if args.quick else 2)
     rows = []
     with tempfile.TemporaryDirectory(prefix="league_throughput-") as tmp:
-        for w in workers:
-            for mode in modes:
-                row = training_point(mode, w, seconds, Path(tmp))
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+        # Other load on the machine drifts over minutes: alternate the order of the modes between repeats.
+        for repeat in range(repeats):
+            for w in workers:
+                for mode in modes if repeat % 2 == 0 else modes[::-1]:
+                    row = training_point(mode, w, seconds, Path(tmp) / f"r{repeat}") | {"repeat": repeat}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
         ray.init(address="local", num_cpus=2, object_store_memory=256 * MiB, include_dashboard=False)
         try:
-            for mode in modes:
-                row = forward_point(mode, batch=256, hidden=TrainConfig().hidden, repeats=200 if args.quick else 1000)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            for path in ("module", "act"):
+                for mode in modes:
+                    row = forward_point(mode, path, batch=256, hidden=TrainConfig().hidden,
+                                        repeats=200 if args.quick else 1000)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
         finally:
             ray.shutdown()
     write_results(rows, Path(args.out))

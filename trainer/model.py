@@ -41,8 +41,14 @@ def masked_logits(logits: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def act(net: nn.Module, planes: np.ndarray, legal: np.ndarray, generator: torch.Generator | None = None,
         greedy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Batched moves: ``(actions, log-probs, values)`` as numpy arrays. ``greedy`` takes the argmax."""
-    logits, value = net(torch.from_numpy(planes))
+    """Batched moves: ``(actions, log-probs, values)`` as numpy arrays. ``greedy`` takes the argmax.
+
+    Store views are ``SharedTensor``s whose write guard routes every op through Python (about 100 µs per forward
+    of this net, a third of it; see benchmarks/league_throughput). A forward pass only reads the weights, so it
+    runs with the subclass dispatch off: same memory, plain-tensor speed.
+    """
+    with torch._C.DisableTorchFunctionSubclass():
+        logits, value = net(torch.from_numpy(planes))
     logits = masked_logits(logits, torch.from_numpy(legal))
     logp = torch.log_softmax(logits, dim=-1)
     if greedy:

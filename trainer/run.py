@@ -91,6 +91,8 @@ class Trainer:
         self.curve: list[dict[str, Any]] = rd.read_json(rd.curve, [])
         self.elapsed_before = float(rd.read_json(rd.state, {}).get("elapsed_s", 0.0))
         self.owns_ray = False
+        self.session_elapsed = 0.0
+        self.started = False
 
     # ---- setup --------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,12 +107,11 @@ class Trainer:
         self.league = ray.remote(num_cpus=0)(League).remote(c.league, c.seed)
         if self.resume:
             ray.get(self.league.load_state.remote(self.rd.read_json(self.rd.league, None)))
-        self.names: list[str] = ray.get(self.league.trainable.remote())
         shard = ray.remote(LearnerShard)
         self.learners = {
             name: shard.options(num_cpus=c.learner_cpus, num_gpus=c.learner_gpus).remote(
                 name, str(self.rd.checkpoints), c.ppo, c.hidden, c.seed + i, c.publish_every, self.resume, c.game)
-            for i, name in enumerate(self.names)}
+            for i, name in enumerate(ray.get(self.league.trainable.remote()))}
         ray.get([learner.stats.remote() for learner in self.learners.values()])  # constructed and published
         self.serve_requests()  # the main agents' first snapshots, before any match needs them
         worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights, game=c.game)
@@ -119,6 +120,7 @@ class Trainer:
             self.league, self.learners, worker_config, c.seed * 1000 + i) for i in range(c.workers)]
         self.game = get_game(c.game)
         self.modules = SnapshotModules(self.store, lambda: self.game.net(c.hidden))
+        self.started = True
 
     def serve_requests(self) -> int:
         return serve_snapshot_requests(self.league, self.learners)
@@ -138,14 +140,14 @@ class Trainer:
         with Live(Group(progress), console=self.console, refresh_per_second=2) as live:
             while True:
                 done, _ = ray.wait(runs, num_returns=len(runs), timeout=1.0)
-                elapsed = time.monotonic() - start
+                elapsed = self.session_elapsed = time.monotonic() - start
                 self.serve_requests()
                 summary = ray.get(self.league.summary.remote())
                 steps = self.total_steps(summary) - steps_at_start
                 status = {"elapsed_s": elapsed, "steps": steps, "steps_per_s": steps / max(elapsed, 1e-9),
                           "summary": summary}
                 if elapsed >= next_budget:  # scale snapshot budgets to the measured rate
-                    self.league.set_run_steps.remote(int(status["steps_per_s"] * self.total_seconds(seconds)))
+                    self.league.set_run_steps.remote(int(status["steps_per_s"] * (self.elapsed_before + seconds)))
                     next_budget = elapsed + 20.0
                 if elapsed >= next_eval or len(done) == len(runs):
                     self.evaluate_main(status)
@@ -161,9 +163,6 @@ class Trainer:
         self.serve_requests()
         self.checkpoint(time.monotonic() - start)
         return {"status": status, "workers": worker_stats}
-
-    def total_seconds(self, session_seconds: float) -> float:
-        return self.elapsed_before + session_seconds
 
     def total_steps(self, summary: list[dict[str, Any]] | None = None) -> int:
         summary = summary if summary is not None else ray.get(self.league.summary.remote())
@@ -243,5 +242,10 @@ def train(run_dir: str | Path, config: TrainConfig | None = None, resume: bool =
         trainer.start()
         result = trainer.run(minutes if minutes is not None else config.minutes)
         return trainer.finish(result)
+    except KeyboardInterrupt:
+        if trainer.started:
+            trainer.checkpoint(trainer.session_elapsed)
+            trainer.console.print(f"interrupted: checkpoint saved in {rd.root}; --resume continues the run")
+        raise SystemExit(130) from None
     finally:
         trainer.shutdown()
