@@ -37,7 +37,7 @@ from policystore.memory import session_pss_bytes
 from trainer.config import TrainConfig
 from trainer.connect4 import COLS, NUM_PLANES, ROWS
 from trainer.model import PolicyNet, act
-from trainer.report import pyplot
+from trainer.report import memory_report, pyplot
 from trainer.run import Trainer, prepare_run_dir
 
 MiB = 2**20
@@ -61,8 +61,9 @@ def training_point(mode: str, workers: int, seconds: float, root: Path) -> dict[
         result = trainer.run(config.minutes)
         status = result["status"]
         learners = ray.get([learner.stats.remote() for learner in trainer.learners.values()])
-        frozen = [i.nbytes for i in trainer.store.list() if i.meta.get("frozen")]
-        store_stats = trainer.store.stats()
+        infos = trainer.store.list()
+        memory = memory_report(trainer.store.stats(), infos, workers)
+        frozen = [i.nbytes for i in infos if i.meta.get("frozen")]
         pss = session_pss_bytes()
     finally:
         trainer.shutdown()
@@ -76,8 +77,8 @@ def training_point(mode: str, workers: int, seconds: float, root: Path) -> dict[
         "learner_updates": sum(s["updates"] for s in learners),
         "frozen_snapshots": len(frozen), "snapshot_kib": round(np.mean(frozen) / 1024, 1) if frozen else 0,
         "worker_pss_mib": round(float(np.mean([w["pss_mib"] for w in result["workers"]])), 1),
-        "session_pss_mib": round(pss / MiB, 1), "store_hot_mib": round(store_stats["hot_bytes"] / MiB, 2),
-        "private_copies_mib": round(workers * sum(frozen) / MiB, 2),
+        "session_pss_mib": round(pss / MiB, 1), "store_hot_mib": round(memory["store_hot_mib"], 2),
+        "private_copies_mib": round(memory["private_copies_mib"], 2),
         "load_1m_before": round(load_before, 2), **machine(),
     }
 

@@ -88,19 +88,27 @@ def learning_curve(curve: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def memory_report(stats: dict[str, Any], snapshot_bytes: list[int], workers: int) -> dict[str, Any]:
+def memory_report(stats: dict[str, Any], infos: list[Any], workers: int) -> dict[str, Any]:
     """The node store's memory against what private copies in every worker would cost.
 
-    Private copies: each rollout worker holding its own copy of every frozen snapshot (RLlib's EnvRunner
-    model: workers x snapshots x size). The store holds one copy per node, shared by all workers.
+    ``infos`` is ``store.list()``. Private copies: every rollout worker holding its own copy of every league
+    policy, the frozen snapshots and the latest version of each learning player (RLlib's EnvRunners hold every
+    module: workers x policies x size). The store holds one copy per node for all workers (its hot tier also
+    keeps each learning player's previous version).
     """
-    total = int(sum(snapshot_bytes))
+    frozen = [i.nbytes for i in infos if i.meta.get("frozen")]
+    latest: dict[str, tuple[int, int]] = {}
+    for i in infos:
+        if not i.meta.get("frozen"):
+            latest[i.id.policy_id] = max(latest.get(i.id.policy_id, (0, 0)), (i.id.version, i.nbytes))
+    policies = sum(frozen) + sum(nbytes for _, nbytes in latest.values())
     return {
-        "frozen_snapshots": len(snapshot_bytes),
-        "frozen_snapshot_mib": total / 2**20,
+        "frozen_snapshots": len(frozen),
+        "league_policies": len(frozen) + len(latest),
+        "league_policy_mib": policies / 2**20,
         "store_hot_mib": stats["hot_bytes"] / 2**20,
         "store_hot_snapshots": stats["hot_snapshots"],
         "store_disk_mib": stats["disk_bytes"] / 2**20,
         "workers": workers,
-        "private_copies_mib": workers * total / 2**20,
+        "private_copies_mib": workers * policies / 2**20,
     }

@@ -205,8 +205,7 @@ class Trainer:
         report.payoff_heatmap(players, matrix, self.rd.report / "payoff.png")
         report.learning_curve(self.curve, self.rd.report / "curve.png")
         (self.rd.report / "players.md").write_text(report.players_markdown(summary))
-        frozen = [info.nbytes for info in self.store.list() if info.meta.get("frozen")]
-        memory = report.memory_report(self.store.stats(), frozen, self.config.workers)
+        memory = report.memory_report(self.store.stats(), self.store.list(), self.config.workers)
         status = result["status"]
         final = {"env_steps": status["steps"], "env_steps_per_s": status["steps_per_s"],
                  "elapsed_s": status["elapsed_s"], "main_0": self.curve[-1] if self.curve else None,
@@ -222,9 +221,10 @@ class Trainer:
             f"env steps this session: {status['steps']:,} in {status['elapsed_s']:.0f} s "
             f"({status['steps_per_s']:,.0f} steps/s)")
         self.console.print(
-            f"store memory: {memory['store_hot_mib']:.2f} MiB in shared memory for {memory['frozen_snapshots']} frozen "
-            f"snapshots ({memory['frozen_snapshot_mib']:.2f} MiB) + live versions; private copies in "
-            f"{memory['workers']} worker(s) would cost {memory['private_copies_mib']:.2f} MiB")
+            f"store memory: {memory['store_hot_mib']:.2f} MiB of shared memory on this node hold the league's "
+            f"{memory['league_policies']} policies ({memory['frozen_snapshots']} frozen snapshots; "
+            f"{memory['league_policy_mib']:.2f} MiB); private copies in every worker would cost "
+            f"{memory['workers']} x {memory['league_policy_mib']:.2f} = {memory['private_copies_mib']:.2f} MiB")
         self.console.print(f"report: {self.rd.report}/ (players.md, payoff.png, curve.png, report.json)")
         return final
 
