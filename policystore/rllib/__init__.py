@@ -1,0 +1,28 @@
+"""RLlib adapter (new API stack, Ray 2.60): league-frozen modules as zero-copy views into the node's PolicyStore.
+
+The lines a user changes::
+
+    config = with_policystore(PPOConfig()...)                      # SharedEnvRunner + PolicyStoreCallback
+    add_frozen(algorithm, "main_3", "main", new_agent_to_module_mapping_fn=fn)   # instead of add_module + set_state
+    remove_frozen(algorithm, "main_0")                                          # instead of remove_module
+
+See docs/rllib.md for what is guaranteed and the known limits.
+"""
+
+from .callback import PolicyStoreCallback
+from .connectors import DropModulesNotOnLearner
+from .env_runner import SharedEnvRunner, SharedModulesMixin
+from .league import NotFrozenError, add_frozen, frozen_modules, remove_frozen
+from .setup import with_policystore
+
+__all__ = [
+    "DropModulesNotOnLearner",
+    "NotFrozenError",
+    "PolicyStoreCallback",
+    "SharedEnvRunner",
+    "SharedModulesMixin",
+    "add_frozen",
+    "frozen_modules",
+    "remove_frozen",
+    "with_policystore",
+]
