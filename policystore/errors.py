@@ -1,0 +1,46 @@
+"""Every error the store raises on bad input or bad data; each message names the snapshot or value at fault."""
+
+from __future__ import annotations
+
+
+class PolicyStoreError(Exception):
+    """Base class: catch this to handle any policystore failure."""
+
+
+class InvalidPolicyIdError(PolicyStoreError, ValueError):
+    """A policy id that is not a plain name (it would escape the spill directory or clash on disk)."""
+
+
+class InvalidWeightsError(PolicyStoreError, TypeError):
+    """Weights that cannot become a snapshot: not a mapping of names to tensors, unsupported dtype, ..."""
+
+
+class UnknownPolicyError(PolicyStoreError, KeyError):
+    """No snapshot of this policy id exists in the store."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownVersionError(UnknownPolicyError):
+    """The policy exists but not at this version (never published, or deleted)."""
+
+
+class SnapshotTooLargeError(PolicyStoreError, ValueError):
+    """A snapshot larger than the whole hot tier: it could never be served from shared memory."""
+
+
+class CorruptSnapshotError(PolicyStoreError):
+    """Bytes that fail their checksum or do not parse; such a snapshot is never served."""
+
+
+class DiskFullError(PolicyStoreError, OSError):
+    """The spill tier cannot take the snapshot (no space left, or over disk_capacity_bytes)."""
+
+
+class ReadOnlyWeightsError(PolicyStoreError, RuntimeError):
+    """An in-place write into shared weights, which would silently change them for every process on the node."""
+
+
+class ShapeMismatchError(PolicyStoreError, ValueError):
+    """A snapshot whose tensors do not fit the module it is loaded into."""

@@ -1,0 +1,65 @@
+"""What a reader holds: a snapshot's tensors as read-only views into the node's shared memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from .format import parse_header
+from .ids import SnapshotId
+from .views import SharedTensor, tensor_views
+
+
+class Snapshot(Mapping[str, torch.Tensor]):
+    """One immutable snapshot: ``snap[name]`` is a guarded zero-copy ``torch.Tensor`` view.
+
+    The views stay valid as long as anything references them, even after the store evicts or deletes the
+    snapshot (the object store cannot free memory a reader still maps).
+    """
+
+    def __init__(self, sid: SnapshotId, buffer: np.ndarray, ref: ray.ObjectRef | None = None):
+        self.id = sid
+        self._buffer = buffer
+        self._ref = ref  # keeps this process a borrower of the store's object
+        self._header = parse_header(buffer, name=str(sid))
+        self._views = tensor_views(buffer, self._header, str(sid))
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The ``meta`` dict given at publish."""
+        return self._header.user_meta
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the whole buffer (header + tensor bytes)."""
+        return self._header.nbytes
+
+    @property
+    def checksum(self) -> str:
+        return self._header.checksum
+
+    @property
+    def buffer(self) -> np.ndarray:
+        """The raw safetensors bytes (read-only numpy view of shared memory)."""
+        view = self._buffer.view()
+        view.flags.writeable = False
+        return view
+
+    def __getitem__(self, name: str) -> SharedTensor:
+        try:
+            return self._views[name]
+        except KeyError:
+            raise KeyError(f"snapshot {self.id} has no tensor {name!r}; it has {sorted(self._views)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __repr__(self) -> str:
+        return f"Snapshot({self.id}, {len(self)} tensors, {self.nbytes} bytes)"
