@@ -1,10 +1,11 @@
-"""RLlib adapter (new API stack, Ray 2.60): league-frozen modules as zero-copy views into the node's PolicyStore.
+"""RLlib adapter (new API stack, Ray 2.60): league-frozen modules as zero-copy views into the node store.
 
 The lines a user changes::
 
-    config = with_policystore(PPOConfig()...)                      # SharedEnvRunner + PolicyStoreCallback
-    add_frozen(algorithm, "main_3", "main", new_agent_to_module_mapping_fn=fn)   # instead of add_module + set_state
-    remove_frozen(algorithm, "main_0")                                          # instead of remove_module
+    config = with_policystore(PPOConfig()...)   # SharedEnvRunner + PolicyStoreCallback
+    # instead of algorithm.add_module(...) + algorithm.set_state(...):
+    add_frozen(algorithm, "main_3", "main", new_agent_to_module_mapping_fn=fn)
+    remove_frozen(algorithm, "main_0")          # instead of algorithm.remove_module(...)
 
 See docs/rllib.md for what is guaranteed and the known limits.
 """

@@ -1,4 +1,4 @@
-"""PolicyStoreCallback: names the league, connects the node stores, and fits RLlib around store-backed modules."""
+"""PolicyStoreCallback: names the league, connects the node stores, fits RLlib around store-backed modules."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ class PolicyStoreCallback(RLlibCallback):
 
     RLlib instantiates callbacks in each EnvRunner from the config, so these settings also reach an EnvRunner
     that Ray restarts. On the driver it adds the learner-connector piece that keeps frozen modules off the
-    Learners' batches, and after a checkpoint is loaded it makes every EnvRunner re-attach the restored league.
+    Learners' batches, and after a checkpoint is loaded it makes every EnvRunner re-attach the restored
+    league.
     """
 
     def __init__(self, league: str = DEFAULT_LEAGUE, store_config: Any = None) -> None:
@@ -31,17 +32,23 @@ class PolicyStoreCallback(RLlibCallback):
         self.league = league
         self.store_config = store_config
         self._store = None
+        self._registry: ray.actor.ActorHandle | None = None
 
     def store(self) -> Any:
         """This node's PolicyStore client (started if missing), cached per process."""
         if self._store is None:
-            self._store = (
-                policystore.connect(self.store_config) if self.store_config is not None else policystore.connect()
-            )
+            self._store = policystore.connect(self.store_config)
         return self._store
 
     def registry(self, *, create: bool = False) -> ray.actor.ActorHandle | None:
-        return get_registry(self.league, create=create)
+        """The league registry; ``create`` starts it if missing and keeps its handle here.
+
+        A named actor that is not detached dies when its creator drops the last handle, so the creating
+        process (the driver) holds it for as long as the Algorithm, and it goes away with the Algorithm.
+        """
+        if self._registry is None:
+            self._registry = get_registry(self.league, create=create)
+        return self._registry
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
         from .env_runner import SharedModulesMixin
@@ -57,7 +64,9 @@ class PolicyStoreCallback(RLlibCallback):
                 "modules of league %r", self.league
             )
         self.store()
-        algorithm.learner_group.foreach_learner(lambda learner: connectors.install(learner._learner_connector))
+        algorithm.learner_group.foreach_learner(
+            lambda learner: connectors.install(learner._learner_connector)
+        )
 
     def on_checkpoint_loaded(self, *, algorithm: Any, **kwargs: Any) -> None:
         sync_all(algorithm)
@@ -79,7 +88,7 @@ def settings_of(algorithm: Any) -> PolicyStoreCallback:
 
 
 def sync_all(algorithm: Any) -> None:
-    """Make every (training and evaluation) EnvRunner match the league registry now, rather than at its next sample."""
+    """Make every (training and evaluation) EnvRunner match the league registry now, not at its next sample."""
     for group in (algorithm.env_runner_group, algorithm.eval_env_runner_group):
         if group is not None:
             group.foreach_env_runner(lambda runner: runner.sync_league(), local_env_runner=True)

@@ -1,9 +1,9 @@
 """Frozen modules in RLlib checkpoints.
 
-RLlib checkpoints the Learners' modules only, so frozen modules kept off the Learners would come back from a
-restore as freshly initialised ones. The local EnvRunner's checkpoint folder gets a ``policystore/`` folder with
-each frozen snapshot (safetensors, no pickle) and the spec that builds it; restoring re-publishes a snapshot to
-the node store unless the store still holds identical bytes under the same id.
+RLlib checkpoints the Learners' modules only, so frozen modules kept off the Learners would come back from
+a restore as freshly initialised ones. The local EnvRunner's checkpoint folder gets a ``policystore/`` folder
+with each frozen snapshot (safetensors, no pickle) and the spec that builds it; restoring re-publishes a
+snapshot to the node store unless the store still holds identical bytes under the same id.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def _fs(path: Any, filesystem: pyarrow.fs.FileSystem | None) -> tuple[pyarrow.fs
     return filesystem, pathlib.Path(path) / FOLDER
 
 
-def save(path: Any, frozen: Mapping[str, FrozenEntry], store: Any, filesystem: pyarrow.fs.FileSystem | None) -> None:
+def save(
+    path: Any, frozen: Mapping[str, FrozenEntry], store: Any, filesystem: pyarrow.fs.FileSystem | None
+) -> None:
     """Write every frozen snapshot (bytes as stored) and its spec under ``path/policystore``."""
     fs, folder = _fs(path, filesystem)
     fs.create_dir(folder.as_posix(), recursive=True)
@@ -76,7 +78,8 @@ def load(path: Any, settings: Any, filesystem: pyarrow.fs.FileSystem | None) -> 
         snapshot = SnapshotId(item["policy_id"], item["version"])
         if not _store_holds(store, snapshot, weights):
             snapshot = store.publish(item["policy_id"], weights, meta=item["meta"])
-        frozen[item["module_id"]] = FrozenEntry(snapshot, RLModuleSpec.from_dict(item["spec"]), item["on_learners"])
+        spec = RLModuleSpec.from_dict(item["spec"])
+        frozen[item["module_id"]] = FrozenEntry(snapshot, spec, item["on_learners"])
     return frozen
 
 

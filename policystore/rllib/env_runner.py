@@ -1,11 +1,11 @@
 """EnvRunners whose frozen league modules are zero-copy views into the node's PolicyStore.
 
 Every way RLlib writes module weights into an EnvRunner ends in ``EnvRunner.set_state`` (``sync_weights``,
-``add_module``/``remove_module``, ``Algorithm.set_state``/``restore_from_path``, ``restore_env_runners``), and each
-of them broadcasts the state of every module. Loading that into a module whose parameters are shared views would
-overwrite the snapshot for every process on the node, so ``set_state`` here drops the frozen module ids first. The
-views themselves also refuse writes (the store's guard), so a path that slipped through would fail loudly rather
-than corrupt the league.
+``add_module``/``remove_module``, ``Algorithm.set_state``/``restore_from_path``, ``restore_env_runners``),
+and each of them broadcasts the state of every module. Loading that into a module whose parameters are shared
+views would overwrite the snapshot for every process on the node, so ``set_state`` here drops the frozen
+module ids first. The views themselves also refuse writes (the store's guard), so a path that slipped through
+would fail loudly rather than corrupt the league.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 class SharedModulesMixin:
-    """Put first in the bases of a MultiAgentEnvRunner subclass: ``class MyRunner(SharedModulesMixin, MyBase)``.
+    """Put first in the bases of a MultiAgentEnvRunner subclass: ``class R(SharedModulesMixin, MyBase)``.
 
     Frozen modules are attached from the league registry when the module is built (which also happens when Ray
     restarts a dead EnvRunner) and at the top of every ``sample()``; they are never written by RLlib's syncs.
@@ -37,6 +37,7 @@ class SharedModulesMixin:
     def make_module(self) -> None:
         super().make_module()
         self._frozen: dict[str, SnapshotId] = {}
+        self._league_state = LeagueState()
         self._league = LeagueFollower(self._policystore_settings().league)
         self.sync_league()
 
@@ -48,7 +49,7 @@ class SharedModulesMixin:
         super().set_state(self._without_frozen(state))
 
     def sync_league(self) -> bool:
-        """Attach/detach frozen modules and take the matchmaking from the league registry; True if it changed."""
+        """Attach/detach frozen modules, take the matchmaking from the league registry; True if it changed."""
         state = self._league.poll()
         if state is None:
             return False
@@ -68,7 +69,7 @@ class SharedModulesMixin:
         return path
 
     def restore_from_path(self, path: Any, **kwargs: Any) -> None:
-        """Restore RLlib's state, then re-publish the checkpoint's frozen snapshots and make them the league."""
+        """Restore RLlib's state, then re-publish the checkpoint's frozen snapshots as the league."""
         super().restore_from_path(path, **kwargs)
         settings = self._policystore_settings()
         frozen = checkpoint.load(path, settings, kwargs.get("filesystem"))
@@ -80,15 +81,16 @@ class SharedModulesMixin:
         ray.get(state)
         self.sync_league()
 
-    # -- internals ---------------------------------------------------------------------------------------------
+    # -- internals -------------------------------------------------------------------------------------------
 
     def _policystore_settings(self) -> PolicyStoreCallback:
         for callback in self._callbacks:
             if isinstance(callback, PolicyStoreCallback):
                 return callback
         raise TypeError(
-            f"{type(self).__name__} needs policystore.rllib.PolicyStoreCallback among config.callbacks (it names "
-            "the league and the store settings); build the config with policystore.rllib.with_policystore(config)"
+            f"{type(self).__name__} needs policystore.rllib.PolicyStoreCallback among config.callbacks (it "
+            "names the league and the store settings); build the config with "
+            "policystore.rllib.with_policystore(config)"
         )
 
     def _league_entry(self, module_id: str) -> FrozenEntry:
@@ -129,7 +131,8 @@ class SharedModulesMixin:
         dropped = [mid for mid in modules if mid in self._frozen]
         if dropped:
             logger.debug("not loading broadcast state into frozen (store-backed) modules %s", dropped)
-        return {**state, COMPONENT_RL_MODULE: {mid: s for mid, s in modules.items() if mid not in self._frozen}}
+        kept = {mid: s for mid, s in modules.items() if mid not in self._frozen}
+        return {**state, COMPONENT_RL_MODULE: kept}
 
 
 class SharedEnvRunner(SharedModulesMixin, MultiAgentEnvRunner):

@@ -38,18 +38,19 @@ def add_frozen(
 ) -> SnapshotId:
     """Freeze the current weights of ``from_module_id`` as a new league member ``module_id``.
 
-    The weights go to the node store once; every EnvRunner (and Ray-restarted ones later) attaches the module as
-    read-only views into it. The new module stays off the Learners unless ``add_to_learners`` (then give a
+    The weights go to the node store once; every EnvRunner (and Ray-restarted ones later) attaches the
+    module as read-only views into it. The new module stays off the Learners unless ``add_to_learners`` (then give a
     ``new_should_module_be_updated`` that excludes it). Re-freezing an existing frozen id points it at the new
     snapshot. Returns the snapshot id.
     """
     settings = settings_of(algorithm)
     validate_module_id(module_id, error=True)
     if module_id == from_module_id:
-        raise ValueError(f"add_frozen: module_id and from_module_id are both {module_id!r}; give the copy a new id")
+        raise ValueError(f"add_frozen: module_id and from_module_id are both {module_id!r}; use a new id")
     source = algorithm.get_module(from_module_id)
     if source is None:
-        raise KeyError(f"add_frozen: no module {from_module_id!r} in this Algorithm (known: {_module_ids(algorithm)})")
+        known = _module_ids(algorithm)
+        raise KeyError(f"add_frozen: no module {from_module_id!r} in this Algorithm (known: {known})")
     spec = dataclasses.replace(RLModuleSpec.from_module(source), inference_only=True, load_state_path=None)
     weights = _inference_weights(algorithm, from_module_id, source, spec)
     snapshot = settings.store().publish(
@@ -89,7 +90,9 @@ def remove_frozen(
     registry = settings.registry(create=True)
     entry = ray.get(registry.pull.remote(-1)).frozen.get(module_id)
     if entry is None:
-        raise NotFrozenError(f"remove_frozen: {module_id!r} is not a frozen module of league {settings.league!r}")
+        raise NotFrozenError(
+            f"remove_frozen: {module_id!r} is not a frozen module of league {settings.league!r}"
+        )
     ray.get(
         registry.update.remote(
             remove=[module_id],
@@ -98,7 +101,9 @@ def remove_frozen(
         )
     )
     if entry.on_learners:
-        algorithm.learner_group.remove_module(module_id, new_should_module_be_updated=new_should_module_be_updated)
+        algorithm.learner_group.remove_module(
+            module_id, new_should_module_be_updated=new_should_module_be_updated
+        )
     _update_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
     sync_all(algorithm)
     if delete_snapshot:
@@ -120,33 +125,37 @@ def _module_ids(algorithm: Any) -> list[str]:
 def _inference_weights(
     algorithm: Any, from_module_id: str, source: Any, spec: RLModuleSpec
 ) -> dict[str, np.ndarray]:
-    """The trained weights of ``from_module_id`` (Learner copy if it has one), cut to the inference-only keys."""
+    """The trained weights of ``from_module_id`` (the Learner's if it has it), cut to the inference keys."""
     state = algorithm.learner_group.get_state(
         components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{from_module_id}", inference_only=True
     )
     weights = state.get(COMPONENT_LEARNER, {}).get(COMPONENT_RL_MODULE, {}).get(from_module_id)
-    if weights is None:  # not trained by the Learners (e.g. a frozen or scripted module): take the EnvRunner's
+    if weights is None:  # not on the Learners (e.g. a frozen or scripted module): take the EnvRunner's
         weights = source.get_state()
     with torch.device("meta"):
         keys = spec.build().state_dict().keys()
     missing = sorted(set(keys) - set(weights))
     if missing:
-        raise ValueError(f"add_frozen: {from_module_id!r} has no weights for {missing} of its inference-only module")
+        raise ValueError(f"add_frozen: {from_module_id!r} lacks weights {missing} of its inference module")
     return {k: np.ascontiguousarray(weights[k]) for k in keys}
 
 
-def _add_to_learners(algorithm: Any, module_id: str, from_module_id: str, source: Any, should_update: Any) -> None:
+def _add_to_learners(
+    algorithm: Any, module_id: str, from_module_id: str, source: Any, should_update: Any
+) -> None:
     full = dataclasses.replace(RLModuleSpec.from_module(source), inference_only=False, load_state_path=None)
     algorithm.learner_group.add_module(
         module_id=module_id, module_spec=full, new_should_module_be_updated=should_update
     )
-    state = algorithm.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{from_module_id}")
+    state = algorithm.learner_group.get_state(
+        components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{from_module_id}"
+    )
     module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][from_module_id]
     algorithm.learner_group.set_state({COMPONENT_LEARNER: {COMPONENT_RL_MODULE: {module_id: module_state}}})
 
 
 def _update_config(algorithm: Any, mapping_fn: Any, should_update: Any) -> None:
-    """Keep algorithm.config (what RLlib checkpoints) and the Learners' trainable set in line, as add_module does."""
+    """Keep algorithm.config (RLlib checkpoints it) and the Learners' trainable set in line, as add_module."""
     if mapping_fn is None and should_update is None:
         return
     algorithm.config._is_frozen = False

@@ -1,8 +1,9 @@
-"""League state that outlives EnvRunners: which modules are frozen (as which store snapshot) and the matchmaking.
+"""League state that outlives EnvRunners: which modules are frozen (as which snapshot), and the matchmaking.
 
 Ray restarts a dead EnvRunner from its original config and RLlib does not tell anyone (no
-``on_env_runners_recreated`` then), so pushing league changes is not enough: every EnvRunner pulls this state from
-a small named actor, the league registry, when it builds its modules and at the top of every ``sample()``.
+``on_env_runners_recreated`` then), so pushing league changes is not enough: every EnvRunner pulls this state
+from a small named actor, the league registry, when it builds its modules and at the top of every
+``sample()``.
 The registry only holds ids, specs and the mapping function; the weights live in the node stores.
 """
 
@@ -22,7 +23,7 @@ _REGISTRY_PREFIX = "policystore.rllib.league."
 
 @dataclasses.dataclass(frozen=True)
 class FrozenEntry:
-    """One frozen module: the snapshot holding its weights and the (inference-only) spec that builds its skeleton."""
+    """One frozen module: the snapshot with its weights, and the inference-only spec that builds it."""
 
     snapshot: SnapshotId
     spec: RLModuleSpec
@@ -66,11 +67,15 @@ class LeagueRegistry:
             version=self._state.version + 1,
             frozen=frozen,
             mapping_fn=mapping_fn if mapping_fn is not None else self._state.mapping_fn,
-            policies_to_train=policies_to_train if policies_to_train is not None else self._state.policies_to_train,
+            policies_to_train=(
+                policies_to_train if policies_to_train is not None else self._state.policies_to_train
+            ),
         )
         return self._state
 
-    def replace(self, frozen: Mapping[str, FrozenEntry], mapping_fn: Any, policies_to_train: Any) -> LeagueState:
+    def replace(
+        self, frozen: Mapping[str, FrozenEntry], mapping_fn: Any, policies_to_train: Any
+    ) -> LeagueState:
         """Set the whole state at once (checkpoint restore)."""
         self._state = LeagueState(self._state.version + 1, dict(frozen), mapping_fn, policies_to_train)
         return self._state
@@ -102,7 +107,7 @@ class LeagueFollower:
         self._registry: ray.actor.ActorHandle | None = None
 
     def poll(self) -> LeagueState | None:
-        """The league state if it changed since the last ``mark_seen`` (None if unchanged or no league yet)."""
+        """The league state if it changed since the last ``mark_seen`` (None: unchanged or no league)."""
         if self._registry is None:
             self._registry = get_registry(self.league)
             if self._registry is None:

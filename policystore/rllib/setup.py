@@ -1,4 +1,4 @@
-"""with_policystore(config): the one config change that moves a league's frozen modules into the node stores."""
+"""with_policystore(config): the one config change that moves frozen league modules into the node stores."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from .env_runner import SharedEnvRunner, SharedModulesMixin
 def with_policystore(config: Any, *, league: str | None = None, store_config: Any = None) -> Any:
     """Return ``config`` set up for store-backed frozen modules (RLlib is otherwise unchanged).
 
-    Sets ``env_runner_cls`` to SharedEnvRunner (a custom EnvRunner must already mix in SharedModulesMixin) and adds
-    a PolicyStoreCallback that names the league. Without ``league`` a fresh unique name is used, so two
+    Sets ``env_runner_cls`` to SharedEnvRunner (a custom EnvRunner must already mix in SharedModulesMixin) and
+    adds a PolicyStoreCallback that names the league. Without ``league`` a fresh unique name is used, so two
     Algorithms never share frozen modules by accident; pass the same name to share one league on purpose.
     """
     league = league or f"league-{uuid.uuid4().hex[:12]}"
