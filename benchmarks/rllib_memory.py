@@ -40,14 +40,15 @@ MODES = ("rllib", "rllib+store")
 log = logging.getLogger("rllib_memory")
 
 
-def init_ray(object_store_bytes: int = 1_500_000_000) -> None:
-    """A local Ray sized for this machine; workers import the project from this checkout."""
+def init_ray(object_store_bytes: int = 1_500_000_000, extra_paths: Iterable[Path] = ()) -> None:
+    """A local Ray sized for this machine; workers import the project (and ``extra_paths``) from this checkout."""
+    paths = os.pathsep.join(str(p) for p in (ROOT, *extra_paths))
     ray.init(
         num_cpus=2,
         object_store_memory=object_store_bytes,
         include_dashboard=False,
         logging_level="warning",
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        runtime_env={"env_vars": {"PYTHONPATH": paths}},
     )
 
 
@@ -70,7 +71,7 @@ def ppo_config(*, env_runners: int = 2, hidden: int = 16, store: bool = True, le
         .environment(ENV)
         .env_runners(num_env_runners=env_runners, num_cpus_per_env_runner=0.1, rollout_fragment_length="auto")
         .learners(num_learners=0)
-        .training(train_batch_size_per_learner=400, minibatch_size=100, num_epochs=2, lr=1e-3)
+        .training(train_batch_size_per_learner=400, minibatch_size=100, num_epochs=8, lr=3e-3)
         .fault_tolerance(restart_failed_env_runners=True, delay_between_env_runner_restarts_s=0.0)
         .multi_agent(
             policies={"main", "main_v0"},

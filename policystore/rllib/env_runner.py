@@ -19,6 +19,7 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
+from ..errors import UnknownPolicyError
 from ..ids import SnapshotId
 from . import checkpoint
 from .callback import PolicyStoreCallback
@@ -46,15 +47,22 @@ class SharedModulesMixin:
         return super().sample(*args, **kwargs)
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        """RLlib's set_state minus the frozen modules; then catch up with the league.
+
+        RLlib calls this on every weight sync, restore and recovery, so the league (e.g. one a checkpoint
+        restore just replaced) reaches every EnvRunner as soon as RLlib pushes anything, not only at the next
+        sample.
+        """
         super().set_state(self._without_frozen(state))
+        self.sync_league()
 
     def sync_league(self) -> bool:
         """Attach/detach frozen modules, take the matchmaking from the league registry; True if it changed."""
         state = self._league.poll()
         if state is None:
             return False
-        self._apply_league(state)
-        self._league.mark_seen(state)
+        if self._apply_league(state):
+            self._league.mark_seen(state)  # else: poll the same state again at the next sample
         return True
 
     def frozen_modules(self) -> dict[str, SnapshotId]:
@@ -96,20 +104,29 @@ class SharedModulesMixin:
     def _league_entry(self, module_id: str) -> FrozenEntry:
         return self._league_state.frozen[module_id]
 
-    def _apply_league(self, state: LeagueState) -> None:
+    def _apply_league(self, state: LeagueState) -> bool:
+        """Match ``state``; False if a snapshot is not in the store (yet), to be retried."""
         self._league_state = state
+        complete = True
         for module_id in [mid for mid in self._frozen if mid not in state.frozen]:
             self.module.remove_module(module_id, raise_err_if_not_found=False)
             del self._frozen[module_id]
             self._needs_initial_reset = True  # as RLlib's remove_module: no episode may keep a removed module
         for module_id, entry in state.frozen.items():
             if self._frozen.get(module_id) != entry.snapshot:
-                self.module.add_module(module_id, self._build_frozen(entry), override=True)
+                try:
+                    module = self._build_frozen(entry)
+                except UnknownPolicyError as exc:  # e.g. deleted while a restore re-publishes it
+                    logger.warning("frozen module %r not attached yet: %s", module_id, exc)
+                    complete = False
+                    continue
+                self.module.add_module(module_id, module, override=True)
                 self._frozen[module_id] = entry.snapshot
         if state.mapping_fn is not None:
             self.config.multi_agent(policy_mapping_fn=state.mapping_fn)
         if state.policies_to_train is not None:
             self.config.multi_agent(policies_to_train=state.policies_to_train)
+        return complete
 
     def _build_frozen(self, entry: FrozenEntry) -> torch.nn.Module:
         store = self._policystore_settings().store()
