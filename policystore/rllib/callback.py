@@ -5,13 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import ray
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 import policystore
 
 from . import connectors
-from .registry import get_registry
 
 logger = logging.getLogger(__name__)
 
@@ -32,23 +30,12 @@ class PolicyStoreCallback(RLlibCallback):
         self.league = league
         self.store_config = store_config
         self._store = None
-        self._registry: ray.actor.ActorHandle | None = None
 
     def store(self) -> Any:
         """This node's PolicyStore client (started if missing), cached per process."""
         if self._store is None:
             self._store = policystore.connect(self.store_config)
         return self._store
-
-    def registry(self, *, create: bool = False) -> ray.actor.ActorHandle | None:
-        """The league registry; ``create`` starts it if missing and keeps its handle here.
-
-        A named actor that is not detached dies when its creator drops the last handle, so the creating
-        process (the driver) holds it for as long as the Algorithm, and it goes away with the Algorithm.
-        """
-        if self._registry is None:
-            self._registry = get_registry(self.league, create=create)
-        return self._registry
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
         from .env_runner import SharedModulesMixin
@@ -88,7 +75,7 @@ def settings_of(algorithm: Any) -> PolicyStoreCallback:
 
 
 def sync_all(algorithm: Any) -> None:
-    """Make every (training and evaluation) EnvRunner match the league registry now, not at its next sample."""
+    """Make every (training and evaluation) EnvRunner match the league now, not at its next sample."""
     for group in (algorithm.env_runner_group, algorithm.eval_env_runner_group):
         if group is not None:
             group.foreach_env_runner(lambda runner: runner.sync_league(), local_env_runner=True)

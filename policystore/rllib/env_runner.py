@@ -21,7 +21,7 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
 from ..errors import UnknownPolicyError
 from ..ids import SnapshotId
-from . import checkpoint
+from . import checkpoint, registry
 from .callback import PolicyStoreCallback
 from .registry import FrozenEntry, LeagueFollower, LeagueState
 
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 class SharedModulesMixin:
     """Put first in the bases of a MultiAgentEnvRunner subclass: ``class R(SharedModulesMixin, MyBase)``.
 
-    Frozen modules are attached from the league registry when the module is built (which also happens when Ray
+    Frozen modules are attached from the league state when the module is built (which also happens when Ray
     restarts a dead EnvRunner) and at the top of every ``sample()``; they are never written by RLlib's syncs.
     """
 
@@ -57,7 +57,7 @@ class SharedModulesMixin:
         self.sync_league()
 
     def sync_league(self) -> bool:
-        """Attach/detach frozen modules, take the matchmaking from the league registry; True if it changed."""
+        """Attach/detach frozen modules, take the matchmaking from the league; True if it changed."""
         state = self._league.poll()
         if state is None:
             return False
@@ -83,10 +83,7 @@ class SharedModulesMixin:
         frozen = checkpoint.load(path, settings, kwargs.get("filesystem"))
         if frozen is None:  # a checkpoint written without the store: keep the league as it is
             return
-        state = settings.registry(create=True).replace.remote(
-            frozen, self.config.policy_mapping_fn, self.config.policies_to_train
-        )
-        ray.get(state)
+        registry.replace(settings.league, frozen, self.config.policy_mapping_fn, self.config.policies_to_train)
         self.sync_league()
 
     # -- internals -------------------------------------------------------------------------------------------

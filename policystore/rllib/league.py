@@ -7,7 +7,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
 from ray.rllib.core.rl_module import validate_module_id
@@ -15,6 +14,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from ..errors import PolicyStoreError
 from ..ids import SnapshotId
+from . import registry
 from .callback import settings_of, sync_all
 from .registry import FrozenEntry
 
@@ -61,13 +61,11 @@ def add_frozen(
     )
     if add_to_learners:
         _add_to_learners(algorithm, module_id, from_module_id, source, new_should_module_be_updated)
-    registry = settings.registry(create=True)
-    ray.get(
-        registry.update.remote(
-            add={module_id: FrozenEntry(snapshot, spec, add_to_learners)},
-            mapping_fn=new_agent_to_module_mapping_fn,
-            policies_to_train=new_should_module_be_updated,
-        )
+    registry.update(
+        settings.league,
+        add={module_id: FrozenEntry(snapshot, spec, add_to_learners)},
+        mapping_fn=new_agent_to_module_mapping_fn,
+        policies_to_train=new_should_module_be_updated,
     )
     _update_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
     sync_all(algorithm)
@@ -87,18 +85,16 @@ def remove_frozen(
     The snapshot stays in the store (league history, payoff tables) unless ``delete_snapshot``.
     """
     settings = settings_of(algorithm)
-    registry = settings.registry(create=True)
-    entry = ray.get(registry.pull.remote(-1)).frozen.get(module_id)
+    entry = registry.read(settings.league).frozen.get(module_id)
     if entry is None:
         raise NotFrozenError(
             f"remove_frozen: {module_id!r} is not a frozen module of league {settings.league!r}"
         )
-    ray.get(
-        registry.update.remote(
-            remove=[module_id],
-            mapping_fn=new_agent_to_module_mapping_fn,
-            policies_to_train=new_should_module_be_updated,
-        )
+    registry.update(
+        settings.league,
+        remove=[module_id],
+        mapping_fn=new_agent_to_module_mapping_fn,
+        policies_to_train=new_should_module_be_updated,
     )
     if entry.on_learners:
         algorithm.learner_group.remove_module(
@@ -112,10 +108,7 @@ def remove_frozen(
 
 def frozen_modules(algorithm: Any) -> dict[str, SnapshotId]:
     """The league's frozen module ids and the snapshots they are views of."""
-    registry = settings_of(algorithm).registry()
-    if registry is None:
-        return {}
-    return {mid: e.snapshot for mid, e in ray.get(registry.pull.remote(-1)).frozen.items()}
+    return {mid: e.snapshot for mid, e in registry.read(settings_of(algorithm).league).frozen.items()}
 
 
 def _module_ids(algorithm: Any) -> list[str]:
