@@ -13,7 +13,7 @@ See docs/rllib.md for what is guaranteed and the known limits.
 from .callback import PolicyStoreCallback
 from .connectors import DropModulesNotOnLearner
 from .env_runner import SharedEnvRunner, SharedModulesMixin
-from .league import NotFrozenError, add_frozen, frozen_modules, remove_frozen
+from .league import NotFrozenError, add_frozen, frozen_modules, remove_frozen, set_matchmaking
 from .setup import with_policystore
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "add_frozen",
     "frozen_modules",
     "remove_frozen",
+    "set_matchmaking",
     "with_policystore",
 ]

@@ -106,6 +106,26 @@ def remove_frozen(
         settings.store().delete(entry.snapshot.policy_id, version=entry.snapshot.version)
 
 
+def set_matchmaking(
+    algorithm: Any,
+    new_agent_to_module_mapping_fn: Callable[..., str] | None = None,
+    new_should_module_be_updated: Any = None,
+) -> None:
+    """Change the matchmaking (and trainable set) of the league without adding or removing a module.
+
+    Use it after RLlib's own ``add_module``/``remove_module`` (e.g. for a trainable copy): EnvRunners take
+    their mapping function from the league, so a mapping set only through RLlib would be replaced by the
+    league's at the next league change, and a restarted EnvRunner would not see it at all.
+    """
+    registry.update(
+        settings_of(algorithm).league,
+        mapping_fn=new_agent_to_module_mapping_fn,
+        policies_to_train=new_should_module_be_updated,
+    )
+    _update_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
+    sync_all(algorithm)
+
+
 def frozen_modules(algorithm: Any) -> dict[str, SnapshotId]:
     """The league's frozen module ids and the snapshots they are views of."""
     return {mid: e.snapshot for mid, e in registry.read(settings_of(algorithm).league).frozen.items()}
