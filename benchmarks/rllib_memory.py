@@ -139,7 +139,11 @@ def module_mib(algorithm: Any, module_id: str = "main") -> float:
 
 
 def measure(mode: str, env_runners: int, frozen: Iterable[int], hidden: int, progress: Any = None):
-    """Rows for one (mode, N): the same Algorithm grown through the K values in ``frozen``."""
+    """Rows for one (mode, N): the same Algorithm grown through the K values in ``frozen``.
+
+    Run it in a fresh Ray session: object-store pages that an earlier point touched stay resident (and in the
+    baseline PSS), so snapshots reusing them would look free.
+    """
     algorithm = ppo_config(env_runners=env_runners, hidden=hidden, store=mode == "rllib+store").build_algo()
     try:
         algorithm.train()
@@ -262,7 +266,6 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(show_path=False)])
-    init_ray()
     rows: list[dict[str, Any]] = []
     try:
         with Progress(transient=True) as progress:
@@ -271,9 +274,13 @@ def main(argv: list[str] | None = None) -> None:
             for mode in args.modes:
                 for n in args.env_runners:
                     log.info("%s with %d EnvRunners, K in %s", mode, n, sorted(args.frozen))
-                    for row in measure(mode, n, args.frozen, args.hidden, lambda: progress.advance(task)):
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                    init_ray()  # a fresh session per point: object-store pages touched before are not free
+                    try:
+                        for row in measure(mode, n, args.frozen, args.hidden, lambda: progress.advance(task)):
+                            rows.append(row)
+                            print(json.dumps(row), flush=True)
+                    finally:
+                        ray.shutdown()
     finally:
         ray.shutdown()
     write_results(rows, args.out)

@@ -17,13 +17,18 @@ pytestmark = pytest.mark.rllib
 ENV_RUNNERS, FROZEN, HIDDEN = 2, 6, 1024  # 6 snapshots of about 4 MiB each
 
 
-@pytest.fixture(scope="module")
-def rows():
+def measured(mode: str) -> list[dict]:
+    """One fresh Ray session per mode (object-store pages touched by the other mode would look free)."""
     init_ray(object_store_bytes=1_000_000_000)
     try:
-        yield {mode: list(measure(mode, ENV_RUNNERS, [0, FROZEN], HIDDEN)) for mode in ("rllib", "rllib+store")}
+        return list(measure(mode, ENV_RUNNERS, [0, FROZEN], HIDDEN))
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {mode: measured(mode) for mode in ("rllib", "rllib+store")}
 
 
 def test_env_runner_memory_stays_flat_with_the_store(rows):
