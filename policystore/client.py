@@ -50,6 +50,7 @@ class SnapshotInfo:
     compressed: bool
     meta: dict[str, Any]
     created: float
+    checksum: str  # the CRC recorded at publish: equal checksums, equal bytes
     holders: tuple[str, ...]  # node ids with a copy, and "durable" once it is in the durable tier
     error: str | None
 
@@ -213,7 +214,7 @@ class PolicyStore:
             SnapshotInfo(
                 id=SnapshotId(r["policy_id"], r["version"]), nbytes=r["nbytes"], tier=r["tier"], on_disk=r["on_disk"],
                 file_bytes=r["file_bytes"], compressed=r["compressed"], meta=r["meta"], created=r["created"],
-                holders=tuple(r["holders"]), error=r["error"] or None,
+                checksum=r["checksum"], holders=tuple(r["holders"]), error=r["error"] or None,
             )
             for r in self._call("list", policy_id)
         ]
