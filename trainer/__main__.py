@@ -30,15 +30,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "checkpoints and the report go")
     p.add_argument("--minutes", type=float, default=None,
                    help=f"training time (default {DEFAULT_MINUTES:g}; with --resume: the saved run's value)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir (its saved config)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir with its saved config (only --minutes applies)")
     p.add_argument("--game", default=d.game, help="connect4 (default), or pettingzoo:<classic env> such as "
                    "pettingzoo:tictactoe_v3 (needs the pettingzoo extra; far slower)")
     p.add_argument("--workers", type=int, default=d.workers, help=f"rollout workers (default {d.workers})")
     p.add_argument("--games-per-match", type=int, default=d.games_per_match,
                    help=f"games a worker plays at once per match (default {d.games_per_match})")
-    p.add_argument("--main-agents", type=int, default=dl.main_agents)
-    p.add_argument("--main-exploiters", type=int, default=dl.main_exploiters)
-    p.add_argument("--league-exploiters", type=int, default=dl.league_exploiters)
+    p.add_argument("--main-agents", type=int, default=dl.main_agents, help=f"default {dl.main_agents}")
+    p.add_argument("--main-exploiters", type=int, default=dl.main_exploiters, help=f"default {dl.main_exploiters}")
+    p.add_argument("--league-exploiters", type=int, default=dl.league_exploiters,
+                   help=f"default {dl.league_exploiters}")
     p.add_argument("--hidden", type=int, default=d.hidden, help=f"policy net width (default {d.hidden})")
     p.add_argument("--gpus-per-learner", type=float, default=d.learner_gpus,
                    help="GPU share per learner shard, e.g. 0.3 for three shards on one GPU (default 0: CPU)")
