@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -63,18 +64,7 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
     with _clients_lock:
         client = _clients.get(node_id)
         if client is None:
-            wanted = config or StoreConfig()
-            actor = _StoreActor.options(
-                name=store_name(node_id),
-                namespace=NAMESPACE,
-                get_if_exists=True,
-                lifetime="detached",
-                num_cpus=0,
-                max_concurrency=wanted.max_concurrency,
-                max_restarts=-1,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(wanted, node_id)
-            client = _clients[node_id] = PolicyStore(actor, node_id)
+            client = _clients[node_id] = PolicyStore(node_id, config or StoreConfig())
     if config is not None and client.config != config:
         raise PolicyStoreError(
             f"the store on node {node_id} already runs with {client.config}; connect() was given {config}"
@@ -82,14 +72,41 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
     return client
 
 
-class PolicyStore:
-    """Handle on one node's store. Cheap to copy into other processes' calls; thread-safe."""
+def _store_actor(node_id: str, config: StoreConfig) -> ray.actor.ActorHandle:
+    """The node's store actor: found by name, or created (atomically, in Ray's GCS) with ``config``."""
+    return _StoreActor.options(
+        name=store_name(node_id),
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached",
+        num_cpus=0,
+        max_concurrency=config.max_concurrency,
+        max_restarts=-1,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(config, node_id)
 
-    def __init__(self, actor: ray.actor.ActorHandle, node_id: str):
-        self._actor = actor
+
+class PolicyStore:
+    """Handle on one node's store. Thread-safe; get one per process with ``connect()``."""
+
+    def __init__(self, node_id: str, config: StoreConfig):
         self.node_id = node_id
-        self.config: StoreConfig = _call(actor.store_config)
-        self._hot_capacity = int(_call(actor.stats)["hot_capacity_bytes"])
+        self._actor = _store_actor(node_id, config)
+        self.config: StoreConfig = self._call("store_config")
+        self._hot_capacity = int(self._call("stats")["hot_capacity_bytes"])
+
+    def _call(self, method: str, *args: Any, idempotent: bool = True) -> Any:
+        """Call the store; if it was stopped for good, find or start the node's current store and retry reads.
+
+        Writes are not retried: a publish that may or may not have landed must be visible to the caller.
+        """
+        try:
+            return _call(getattr(self._actor, method), *args)
+        except ray.exceptions.ActorDiedError:
+            self._actor = _store_actor(self.node_id, self.config)
+            if not idempotent:
+                raise
+            return _call(getattr(self._actor, method), *args)
 
     def publish(
         self,
@@ -111,7 +128,7 @@ class PolicyStore:
                 f"snapshot of {policy_id!r} is {len(buf)} bytes, larger than the whole hot tier "
                 f"(hot_capacity_bytes={self._hot_capacity})"
             )
-        return SnapshotId(*_call(self._actor.publish, policy_id, buf, durable))
+        return SnapshotId(*self._call("publish", policy_id, buf, durable, idempotent=False))
 
     def get(self, policy_id: str, version: int | None = None) -> Snapshot:
         """The snapshot (latest version by default) as zero-copy read-only views; restored from disk if evicted."""
@@ -121,7 +138,7 @@ class PolicyStore:
             cached = _snapshots.get(SnapshotId(policy_id, version))
             if cached is not None:
                 return cached
-        pid, resolved, (ref,) = _call(self._actor.resolve, policy_id, version)
+        pid, resolved, (ref,) = self._call("resolve", policy_id, version)
         sid = SnapshotId(pid, resolved)
         snap = _snapshots.get(sid)
         if snap is None:
@@ -143,20 +160,20 @@ class PolicyStore:
         return module
 
     def latest_version(self, policy_id: str) -> int:
-        return int(_call(self._actor.latest_version, policy_id))
+        return int(self._call("latest_version", policy_id))
 
     def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
-        rows = _call(self._actor.list, policy_id)
+        rows = self._call("list", policy_id)
         return [
             SnapshotInfo(SnapshotId(r.pop("policy_id"), r.pop("version")), **r) for r in rows
         ]
 
     def stats(self) -> dict[str, Any]:
-        return _call(self._actor.stats)
+        return self._call("stats")
 
     def delete(self, policy_id: str, version: int | None = None) -> list[SnapshotId]:
         """Delete one version, or all versions of ``policy_id``. Views already held stay valid."""
-        deleted = [SnapshotId(*sid) for sid in _call(self._actor.delete, policy_id, version)]
+        deleted = [SnapshotId(*sid) for sid in self._call("delete", policy_id, version, idempotent=False)]
         for sid in deleted:
             _snapshots.pop(sid, None)
         return deleted
@@ -167,14 +184,43 @@ class PolicyStore:
         Catches what the write guard cannot (raw writes through ``untyped_storage()``/``data_ptr()``). A corrupt
         shared-memory copy is dropped so the next get serves the verified disk copy.
         """
-        report = _call(self._actor.verify, policy_id, version)
+        report = self._call("verify", policy_id, version)
         if report["problems"]:
             raise CorruptSnapshotError("; ".join(report["problems"]))
         return report
 
     def flush(self) -> None:
         """Wait until every snapshot published so far is on disk."""
-        _call(self._actor.flush)
+        self._call("flush")
+
+    def shutdown(self) -> None:
+        """Stop this node's store; see ``policystore.client.shutdown``."""
+        shutdown(self.node_id)
+
+
+def shutdown(node_id: str | None = None) -> bool:
+    """Stop a node's store, whoever started it (what is on disk stays); the next ``connect()`` starts a new one.
+
+    For tests and reconfiguration: views other processes hold stay valid, but their handles go stale.
+    Returns whether a store was running.
+    """
+    node_id = node_id or ray.get_runtime_context().get_node_id()
+    with _clients_lock:
+        _clients.pop(node_id, None)
+    _snapshots.clear()
+    try:
+        actor = ray.get_actor(store_name(node_id), namespace=NAMESPACE)
+    except ValueError:
+        return False
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the name is released once the actor is gone
+        try:
+            ray.get_actor(store_name(node_id), namespace=NAMESPACE)
+        except ValueError:
+            break
+        time.sleep(0.05)
+    return True
 
 
 def _call(method: Any, *args: Any) -> Any:

@@ -98,10 +98,9 @@ class StoreServer:
                 f"(hot_capacity_bytes={self.hot.capacity_bytes}); raise the capacity or shrink the snapshot"
             )
         with self._lock:
-            disk_used = self._disk_bytes_locked() + sum(
-                e.nbytes for e in self._entries_locked() if e.pending is not None
-            )
-        self.disk.check_room(header.nbytes, disk_used, what)
+            pending = sum(e.nbytes for e in self._entries_locked() if e.pending is not None)
+            committed = self._disk_bytes_locked()
+        self.disk.check_room(header.nbytes, committed, pending, what)
         temp = self.disk.write_temp(policy_id, buf, header, what) if durable else None
         try:
             ref = ray.put(buf)  # the store's own copy: it must outlive the publisher

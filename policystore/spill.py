@@ -62,19 +62,20 @@ class DiskTier:
         return self.root / sid.policy_id / f"{sid.version:010d}{LZ4_SUFFIX if compressed else RAW_SUFFIX}"
 
     # ---- writing -------------------------------------------------------------------------------------------
-    def check_room(self, nbytes: int, used_bytes: int, what: str) -> None:
-        """Refuse up front when a snapshot of ``nbytes`` cannot fit (quota, or the file system's free space)."""
-        if self.capacity_bytes is not None and used_bytes + nbytes > self.capacity_bytes:
+    def check_room(self, nbytes: int, committed_bytes: int, pending_bytes: int, what: str) -> None:
+        """Refuse up front when a snapshot of ``nbytes`` cannot fit beside what is stored and still being written."""
+        if self.capacity_bytes is not None and committed_bytes + pending_bytes + nbytes > self.capacity_bytes:
             raise DiskFullError(
                 errno.ENOSPC,
-                f"spill tier full: {what} needs up to {nbytes} bytes, {used_bytes} of "
+                f"spill tier full: {what} needs up to {nbytes} bytes, {committed_bytes + pending_bytes} of "
                 f"disk_capacity_bytes={self.capacity_bytes} in use",
             )
         stat = os.statvfs(self.root)
-        free = stat.f_bavail * stat.f_frsize
+        free = stat.f_bavail * stat.f_frsize - pending_bytes
         if nbytes > free:
             raise DiskFullError(
-                errno.ENOSPC, f"no space for {what}: needs up to {nbytes} bytes, {free} free on {self.root}"
+                errno.ENOSPC,
+                f"no space left for {what}: needs up to {nbytes} bytes, {max(free, 0)} free on {self.root}",
             )
 
     def write_temp(self, policy_id: str, buf: np.ndarray, header: Header, what: str) -> SpillFile:

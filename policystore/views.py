@@ -67,7 +67,20 @@ def _written_shared(func: Callable, args: tuple, kwargs: dict) -> SharedTensor |
         target = _any_shared(args[0] if args else next(iter(kwargs.values()), None))
         if target is not None:
             return target
+    if _func_name(func) in ("batch_norm", "instance_norm") and _norm_is_training(args, kwargs):
+        # functional norms update their running statistics in place while training
+        stats = [kwargs.get(k) for k in ("running_mean", "running_var")] + list(args[1:3])
+        target = next((t for t in stats if isinstance(t, SharedTensor)), None)
+        if target is not None:
+            return target
     return _any_shared(kwargs.get("out")) if "out" in kwargs else None
+
+
+def _norm_is_training(args: tuple, kwargs: dict) -> bool:
+    flag = kwargs.get("training", kwargs.get("use_input_stats"))
+    if flag is None and len(args) > 5:
+        flag = args[5]
+    return bool(flag)
 
 
 class SharedTensor(torch.Tensor):

@@ -1,0 +1,137 @@
+"""The snapshot format: bitwise round trips of every dtype, safetensors compatibility, corruption detection."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load as st_load
+
+from policystore import format as fmt
+from policystore.errors import CorruptSnapshotError, InvalidWeightsError
+from policystore.views import tensor_views
+
+DTYPES = [
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
+    torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+]
+
+
+def random_tensor(dtype: torch.dtype, shape=(5, 7), seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size(),),
+                        dtype=torch.uint8, generator=g)
+    if dtype == torch.bool:
+        return (raw[: int(np.prod(shape))] % 2).bool().reshape(shape)
+    return raw.view(dtype).reshape(shape)  # every bit pattern, NaNs and infs included
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bytes(a.contiguous().reshape(-1).view(torch.uint8).numpy()) \
+        == bytes(b.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def mixed_weights() -> dict[str, torch.Tensor]:
+    weights = {f"t.{str(d).split('.')[-1]}": random_tensor(d, seed=i) for i, d in enumerate(DTYPES)}
+    weights["scalar"] = torch.tensor(3.5)
+    weights["empty"] = torch.empty(0, 4)
+    weights["odd"] = random_tensor(torch.int8, shape=(3,))  # odd sizes must not misalign what follows
+    return weights
+
+
+def test_every_dtype_round_trips_bitwise_through_views():
+    weights = mixed_weights()
+    buf = fmt.pack(weights, policy_id="p", meta={"step": 7})
+    header = fmt.verify_buffer(buf, name="p")
+    views = tensor_views(buf, header, "p@v1")
+    assert set(views) == set(weights)
+    for name, tensor in weights.items():
+        assert same_bits(views[name], tensor), name
+    assert header.user_meta == {"step": 7}
+
+
+def test_every_tensor_is_aligned_for_in_place_viewing():
+    buf = fmt.pack(mixed_weights(), policy_id="p")
+    header = fmt.parse_header(buf, name="p")
+    assert header.data_offset % 8 == 0
+    for entry in header.tensors.values():
+        assert entry.start % torch.empty((), dtype=entry.dtype).element_size() == 0
+
+
+def test_numpy_inputs_and_non_contiguous_tensors():
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = torch.arange(12, dtype=torch.int64).reshape(3, 4).t()  # non-contiguous
+    buf = fmt.pack({"a": arr, "b": t}, policy_id="p")
+    views = tensor_views(buf, fmt.verify_buffer(buf, name="p"), "p")
+    assert np.array_equal(views["a"].numpy(), arr)
+    assert torch.equal(views["b"], t)
+
+
+def test_buffer_is_plain_safetensors(tmp_path):
+    weights = mixed_weights()
+    buf = fmt.pack(weights, policy_id="p", meta={"k": "v"})
+    loaded = st_load(buf.tobytes())
+    for name, tensor in weights.items():
+        assert same_bits(loaded[name], tensor), name
+    path = tmp_path / "s.safetensors"
+    path.write_bytes(buf.tobytes())
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata()
+        assert json.loads(meta[fmt.META_USER]) == {"k": "v"}
+        assert meta[fmt.META_CHECKSUM].startswith("crc32:")
+        assert same_bits(f.get_tensor("t.bfloat16"), weights["t.bfloat16"])
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda b: b.__setitem__(-1, b[-1] ^ 0xFF),  # a data byte
+        lambda b: b.__setitem__(slice(0, 8), np.frombuffer((10**9).to_bytes(8, "little"), np.uint8)),  # header size
+        lambda b: b.__setitem__(9, ord("!")),  # header JSON
+    ],
+    ids=["data-byte", "header-length", "header-json"],
+)
+def test_corruption_is_detected(corrupt):
+    buf = fmt.pack({"w": torch.randn(64)}, policy_id="p")
+    corrupt(buf)
+    with pytest.raises(CorruptSnapshotError, match="p"):
+        fmt.verify_buffer(buf, name="p")
+
+
+def test_renamed_tensor_fails_checksum():
+    buf = fmt.pack({"aaaa": torch.randn(8), "bbbb": torch.randn(8)}, policy_id="p")
+    raw = bytearray(buf.tobytes())
+    i = raw.index(b'"aaaa"')
+    raw[i + 1 : i + 5] = b"cccc"
+    with pytest.raises(CorruptSnapshotError, match="checksum"):
+        fmt.verify_buffer(np.frombuffer(bytes(raw), np.uint8), name="p")
+
+
+def test_truncated_buffer_is_rejected():
+    buf = fmt.pack({"w": torch.randn(64)}, policy_id="p")
+    with pytest.raises(CorruptSnapshotError, match="data section"):
+        fmt.parse_header(buf[:-4], name="p")
+
+
+@pytest.mark.parametrize(
+    "weights, match",
+    [
+        ([torch.zeros(1)], "mapping"),
+        ({}, "empty"),
+        ({"w": [1.0, 2.0]}, "weights\\['w'\\] is a list"),
+        ({"w": "abc"}, "is a str"),
+        ({1: torch.zeros(1)}, "names must be"),
+        ({"w": torch.zeros(2, dtype=torch.complex64)}, "not supported"),
+        ({"w": np.array(["a"])}, "not supported"),
+        ({"w": torch.zeros(4).to_sparse()}, "dense"),
+    ],
+)
+def test_bad_weights_get_named_errors(weights, match):
+    with pytest.raises(InvalidWeightsError, match=match):
+        fmt.pack(weights, policy_id="p")
+
+
+def test_meta_must_be_json():
+    with pytest.raises(InvalidWeightsError, match="JSON"):
+        fmt.pack({"w": torch.zeros(1)}, policy_id="p", meta={"f": object()})

@@ -1,0 +1,469 @@
+"""The node store on a real local Ray: zero-copy, tiers, durability, corruption, placement, bad input."""
+
+import ctypes
+import gc
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import lz4.frame
+import pytest
+import ray
+import torch
+from safetensors import safe_open
+from test_format import mixed_weights, same_bits
+from torch import nn
+
+import policystore
+from policystore import StoreConfig
+from policystore.errors import (
+    CorruptSnapshotError,
+    DiskFullError,
+    InvalidPolicyIdError,
+    InvalidWeightsError,
+    PolicyStoreError,
+    ReadOnlyWeightsError,
+    SnapshotTooLargeError,
+    UnknownPolicyError,
+    UnknownVersionError,
+)
+from policystore.memory import session_pss_bytes
+
+MiB = 1024 * 1024
+
+
+def net() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
+
+
+def big_net() -> nn.Module:
+    """4 MiB of float32 weights."""
+    return nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512))
+
+
+def weights_of_mib(mib: float, seed: int = 0, compressible: bool = False) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    n = int(mib * MiB) // 4
+    w = torch.randn(n, generator=g)
+    return {"w": torch.round(w) if compressible else w}
+
+
+def shm_mapping_of(address: int) -> str:
+    """The /proc/self/maps line holding ``address``: a /dev/shm plasma mapping for object-store memory."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= address < hi:
+            return line
+    return ""
+
+
+@ray.remote(num_cpus=0.1)
+class Reader:
+    """A worker process on the node that reads through its own client."""
+
+    def load_and_locate(self, policy_id: str) -> list[str]:
+        module = policystore.connect().load_module(policy_id, net)
+        self.module = module
+        return [shm_mapping_of(p.data_ptr()) for p in module.parameters()]
+
+    def publish_nets(self, count: int) -> None:
+        policystore.client._clients.clear()  # earlier tests stopped the store this process knew
+        store = policystore.connect()
+        for i in range(count):
+            store.publish(f"big{i}", big_net().state_dict())
+
+    def load(self, count: int, private: bool) -> float:
+        """Load ``count`` snapshots as shared views or as private copies, and run each once (pages touched)."""
+        store = policystore.connect()
+        self.modules = []
+        for i in range(count):
+            if private:
+                module = big_net()
+                module.load_state_dict(store.get(f"big{i}"))  # RLlib's way: a private copy per worker
+            else:
+                module = store.load_module(f"big{i}", big_net)
+            self.modules.append(module)
+        with torch.no_grad():
+            return float(sum(m(torch.ones(1, 512)).sum() for m in self.modules))
+
+    def drop(self) -> None:
+        self.modules = []
+        policystore.client._snapshots.clear()
+        gc.collect()
+
+    def store_actor_id(self) -> str:
+        policystore.client._clients.clear()  # look the store up afresh, as a new worker would
+        return policystore.connect()._actor._actor_id.hex()
+
+
+@pytest.fixture(scope="module")
+def readers(ray_session):
+    """Worker processes shared by the tests of this module (each new process costs seconds of imports)."""
+    actors = [Reader.remote() for _ in range(4)]
+    ray.get([a.__ray_ready__.remote() for a in actors])
+    return actors
+
+
+# ---- round trips and zero-copy ------------------------------------------------------------------------------
+
+
+def test_every_dtype_round_trips_bitwise_through_the_store(make_store):
+    store = make_store()
+    weights = mixed_weights()
+    sid = store.publish("mixed", weights, meta={"step": 3, "tag": "x"})
+    assert sid == policystore.SnapshotId("mixed", 1)
+    snap = store.get("mixed")
+    assert snap.id == sid and snap.meta == {"step": 3, "tag": "x"} and snap.nbytes > 0
+    for name, tensor in weights.items():
+        assert same_bits(snap[name], tensor), name
+    assert [store.publish("mixed", weights).version for _ in range(2)] == [2, 3]
+    assert store.get("mixed").id.version == 3
+    assert store.get("mixed", version=1) is snap  # process-local cache of immutable snapshots
+
+
+def test_views_live_in_shared_memory_in_every_reader(make_store, readers):
+    store = make_store()
+    source = net()
+    store.publish("main_0", source.state_dict())
+    module = store.load_module("main_0", net)
+    x = torch.randn(3, 64)
+    assert torch.equal(module(x), source(x))
+    for param in module.parameters():
+        assert "/dev/shm/plasma" in shm_mapping_of(param.data_ptr())
+    lines = ray.get(readers[0].load_and_locate.remote("main_0"))
+    assert lines and all("/dev/shm/plasma" in line for line in lines), lines
+
+
+def test_workers_on_a_node_share_one_copy(make_store, readers):
+    """4 workers x 8 snapshots of 4 MiB: the store's one copy serves them all; private copies cost one per worker.
+
+    Node memory = PSS summed over every process of the Ray session (raylet and its object store included),
+    measured once the snapshots are published. The bounds are deliberately generous; the exact figures (and the
+    publish-side transients) are the memory_scaling benchmark's job.
+    """
+    store = make_store()
+    k, one_copy = 8, 8 * 4 * MiB
+    ray.get(readers[0].publish_nets.remote(k))
+    assert store.stats()["hot_bytes"] >= one_copy
+    published = session_pss_bytes()
+    results = ray.get([r.load.remote(k, private=False) for r in readers])
+    assert len(set(results)) == 1  # every worker computes with the same weights
+    shared = session_pss_bytes() - published
+    ray.get([r.load.remote(k, private=True) for r in readers])
+    private = session_pss_bytes() - published
+    ray.get([r.drop.remote() for r in readers])
+    assert shared < 0.5 * one_copy, f"{len(readers)} workers with views added {shared / one_copy:.2f} copies"
+    assert private > 2.5 * one_copy, f"private copies added only {private / one_copy:.2f} copies: method broken?"
+
+
+def test_write_guard_through_the_store(make_store):
+    store = make_store()
+    store.publish("main_0", net().state_dict())
+    module = store.load_module("main_0", net)
+    with pytest.raises(ReadOnlyWeightsError, match="main_0@v1"):
+        module[0].weight.add_(1.0)
+    with pytest.raises(ReadOnlyWeightsError, match="main_0@v1"):
+        module.load_state_dict(net().state_dict())
+    with pytest.raises(ReadOnlyWeightsError):
+        store.get("main_0")["0.bias"].zero_()
+    assert store.verify("main_0")["hot"] is True
+
+
+def test_verify_catches_raw_writes_and_the_store_heals_from_disk(make_store):
+    store = make_store()
+    source = net()
+    store.publish("main_0", source.state_dict(), durable=True)
+    module = store.load_module("main_0", net)
+    # A write the guard cannot see: straight to the raw pointer, as a C extension might.
+    ctypes.memset(module[0].weight.data_ptr(), 7, 64)
+    with pytest.raises(CorruptSnapshotError, match="main_0@v1 \\(shared-memory copy\\).*checksum"):
+        store.verify("main_0")
+    policystore.client._snapshots.clear()  # this process's cache still holds the damaged views
+    healed = store.load_module("main_0", net)
+    x = torch.randn(2, 64)
+    assert torch.equal(healed(x), source(x))
+    assert store.verify("main_0") == {**store.verify("main_0"), "hot": True, "disk": True}
+
+
+# ---- tiers --------------------------------------------------------------------------------------------------
+
+
+def test_lru_eviction_and_transparent_restore(make_store):
+    store = make_store(hot_capacity_bytes=int(2.5 * MiB))
+    originals = {f"p{i}": weights_of_mib(1, seed=i) for i in range(4)}
+    store.publish("p0", originals["p0"])
+    held = store.get("p0")  # a reader holding views across eviction
+    store.publish("p1", originals["p1"])
+    store.get("p0")  # touch: p1 is now the least recently used
+    store.publish("p2", originals["p2"])
+    store.flush()
+    tiers = {info.id.policy_id: info.tier for info in store.list()}
+    assert tiers == {"p0": "hot", "p1": "disk", "p2": "hot"}
+    store.publish("p3", originals["p3"])
+    tiers = {info.id.policy_id: info.tier for info in store.list()}
+    assert tiers["p0"] == "disk" and tiers["p3"] == "hot"
+    store.flush()
+    stats = store.stats()
+    assert stats["hot_bytes"] <= stats["hot_capacity_bytes"] and stats["evictions"] == 2
+    assert stats["disk_snapshots"] == 4 and stats["hot_snapshots"] == 2
+    assert torch.equal(held["w"], originals["p0"]["w"])  # views survive eviction
+    for pid, w in originals.items():
+        assert torch.equal(store.get(pid)["w"], w["w"]), pid
+    assert store.stats()["restores"] >= 2
+    store.delete("p0")
+    assert torch.equal(held["w"], originals["p0"]["w"])  # ... and deletion
+
+
+def test_spill_files_are_plain_safetensors_raw_or_lz4(make_store):
+    store = make_store()
+    store.publish("rand", weights_of_mib(1))
+    store.publish("round", weights_of_mib(1, compressible=True))
+    store.flush()
+    infos = {i.id.policy_id: i for i in store.list()}
+    assert not infos["rand"].compressed and infos["round"].compressed  # lz4 only where it pays
+    assert infos["round"].file_bytes < infos["round"].nbytes
+    spill = Path(store.stats()["spill_dir"])
+    raw = spill / "rand" / "0000000001.safetensors"
+    with safe_open(raw, framework="pt") as f:
+        assert torch.equal(f.get_tensor("w"), weights_of_mib(1)["w"])
+    packed = spill / "round" / "0000000001.safetensors.lz4"
+    plain = packed.with_suffix("")
+    plain.write_bytes(lz4.frame.decompress(packed.read_bytes()))
+    with safe_open(plain, framework="pt") as f:
+        assert torch.equal(f.get_tensor("w"), weights_of_mib(1, compressible=True)["w"])
+
+
+@pytest.mark.parametrize("compressible", [False, True], ids=["raw", "lz4"])
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_spill_file_is_never_served(make_store, compressible, damage):
+    store = make_store(hot_capacity_bytes=int(1.5 * MiB))
+    store.publish("victim", weights_of_mib(1, compressible=compressible))
+    store.publish("other", weights_of_mib(1, seed=1))  # evicts victim to disk
+    store.flush()
+    assert {i.id.policy_id: i.tier for i in store.list()}["victim"] == "disk"
+    path = next((Path(store.stats()["spill_dir"]) / "victim").iterdir())
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        del data[len(data) // 2 :]
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptSnapshotError, match="victim@v1") as err:
+        store.get("victim")
+    assert str(path) in str(err.value)
+    with pytest.raises(CorruptSnapshotError):
+        store.verify("victim")
+    assert torch.equal(store.get("other")["w"], weights_of_mib(1, seed=1)["w"])  # the rest is unharmed
+
+
+def test_durable_publish_is_on_disk_when_it_returns(make_store):
+    store = make_store()
+    sid = store.publish("main_0", net().state_dict(), durable=True)
+    info = store.list("main_0")[0]
+    assert info.id == sid and info.on_disk
+    assert (Path(store.stats()["spill_dir"]) / "main_0" / "0000000001.safetensors").exists()
+
+
+def test_restarted_store_rebuilds_its_catalog_from_disk(make_store):
+    store = make_store()
+    source = net()
+    store.publish("main_0", source.state_dict(), meta={"elo": 1200}, durable=True)
+    store.publish("main_0", net().state_dict())
+    store.flush()
+    actor_pid = ray.get(store._actor.__ray_call__.remote(lambda self: os.getpid()))
+    os.kill(actor_pid, 9)  # Ray restarts the detached store (max_restarts=-1)
+    rows = _retry(store.list, policy_id="main_0")
+    assert [(r.id.version, r.tier, r.meta) for r in rows] == [(1, "disk", {"elo": 1200}), (2, "disk", {})]
+    policystore.client._snapshots.clear()
+    x = torch.randn(2, 64)
+    assert torch.equal(store.load_module("main_0", net, version=1)(x), source(x))
+    assert store.publish("main_0", source.state_dict()).version == 3  # numbering continues
+    store.flush()
+    # A brand-new store on the same spill dir finds the same catalog.
+    spill_dir = store.stats()["spill_dir"]
+    store.shutdown()
+    fresh = policystore.connect(StoreConfig(spill_dir=spill_dir))
+    assert [r.id.version for r in fresh.list("main_0")] == [1, 2, 3]
+    assert torch.equal(fresh.load_module("main_0", net)(x), source(x))
+
+
+def _retry(fn, *args, attempts=100, **kwargs):
+    import time
+
+    for _ in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            time.sleep(0.1)
+    return fn(*args, **kwargs)
+
+
+# ---- placement and concurrency ------------------------------------------------------------------------------
+
+
+def test_one_store_per_node_found_by_every_worker_and_taking_no_cpu(make_store, readers):
+    store = make_store()
+    ids = set(ray.get([r.store_actor_id.remote() for r in readers]))
+    assert ids == {store._actor._actor_id.hex()}
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("policystore")]
+    assert names == [f"policystore-{store.node_id}"]
+    placement = ray.get(store._actor.__ray_call__.remote(
+        lambda self: (ray.get_runtime_context().get_node_id(), ray.get_runtime_context().get_assigned_resources())
+    ))
+    assert placement == (store.node_id, {})  # on its node, holding no CPU slot
+
+
+def test_concurrent_first_connects_create_one_store(make_store, readers):
+    make_store().shutdown()
+    ids = ray.get([r.store_actor_id.remote() for r in readers])
+    assert len(set(ids)) == 1
+
+
+def test_store_outlives_the_process_that_created_it(make_store):
+    make_store().shutdown()
+    creator = Reader.remote()
+    store_id = ray.get(creator.store_actor_id.remote())
+    ray.kill(creator)
+    client = policystore.connect()
+    assert client._actor._actor_id.hex() == store_id
+    client.publish("alive", net().state_dict())
+    assert client.get("alive").id.version == 1
+
+
+def test_reads_are_not_blocked_behind_a_large_publish(make_store):
+    store = make_store(hot_capacity_bytes=900 * MiB)
+    store.publish("small", net().state_dict())
+    big = policystore.format.pack(weights_of_mib(256, seed=3), policy_id="big")
+    in_flight = store._actor.publish.remote("big", big, True)  # durable: copy, checksum, write, fsync
+    reads_meanwhile = 0
+    while not ray.wait([in_flight], timeout=0)[0]:
+        policystore.client._snapshots.clear()
+        store.get("small")
+        reads_meanwhile += 1
+    assert ray.get(in_flight) == ("big", 1)
+    assert reads_meanwhile >= 3, f"only {reads_meanwhile} reads completed during the publish"
+
+
+def test_concurrent_gets_of_an_evicted_snapshot_restore_it_once(make_store):
+    store = make_store(hot_capacity_bytes=int(1.5 * MiB))
+    store.publish("a", weights_of_mib(1))
+    store.publish("b", weights_of_mib(1, seed=1))
+    store.flush()
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(store._actor.resolve.remote("a"))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refs = {ray.get(r)[2][0].hex() for r in results}
+    assert len(refs) == 1 and store.stats()["restores"] == 1
+
+
+# ---- bad input ----------------------------------------------------------------------------------------------
+
+BAD_IDS = ["../x", "", "/", "a/b", "..", ".hidden", "x" * 200, 3, None, "sp ace"]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=[repr(b)[:12] for b in BAD_IDS])
+def test_bad_policy_ids_are_refused_everywhere(make_store, bad):
+    store = make_store()
+    for call in (lambda: store.publish(bad, {"w": torch.zeros(1)}), lambda: store.get(bad), lambda: store.delete(bad)):
+        with pytest.raises(InvalidPolicyIdError, match="policy id"):
+            call()
+    assert store.list() == []
+
+
+def test_unknown_policy_and_version_and_bad_versions(make_store):
+    store = make_store()
+    store.publish("main_0", net().state_dict())
+    with pytest.raises(UnknownPolicyError, match="unknown policy 'main_1'.*main_0"):
+        store.get("main_1")
+    with pytest.raises(UnknownVersionError, match="no version 5.*latest 1"):
+        store.get("main_0", version=5)
+    for bad in (0, -1, "2", True, 1.0):
+        with pytest.raises(InvalidPolicyIdError, match="version"):
+            store.get("main_0", version=bad)
+    with pytest.raises(UnknownPolicyError):
+        store.delete("nobody")
+
+
+def test_delete_frees_the_version_for_good(make_store):
+    store = make_store()
+    for _ in range(3):
+        store.publish("p", net().state_dict(), durable=True)
+    held = store.get("p", version=3)
+    assert store.delete("p", version=3) == [policystore.SnapshotId("p", 3)]
+    with pytest.raises(UnknownVersionError):
+        store.get("p", version=3)
+    assert store.get("p").id.version == 2
+    assert store.publish("p", net().state_dict()).version == 4  # versions are never reused
+    assert held["0.weight"].shape == (128, 64)  # views held stay valid
+    assert not (Path(store.stats()["spill_dir"]) / "p" / "0000000003.safetensors").exists()
+
+
+def test_bad_weights_and_oversized_snapshots_lose_nothing(make_store):
+    store = make_store(hot_capacity_bytes=2 * MiB)
+    store.publish("keep", weights_of_mib(1))
+    with pytest.raises(InvalidWeightsError, match="weights\\['w'\\] is a list"):
+        store.publish("keep", {"w": [1, 2, 3]})
+    with pytest.raises(SnapshotTooLargeError, match="larger than the whole hot tier"):
+        store.publish("keep", weights_of_mib(3))
+    pack = policystore.format.pack
+    with pytest.raises(SnapshotTooLargeError):  # the store checks too, not only the client
+        store._call("publish", "keep", pack(weights_of_mib(3), policy_id="keep"))
+    with pytest.raises(InvalidWeightsError, match="packed for 'other'"):
+        store._call("publish", "keep", pack({"w": torch.zeros(1)}, policy_id="other"))
+    assert [i.id.version for i in store.list("keep")] == [1]
+    assert store.verify("keep")["hot"] is True
+
+
+def test_disk_quota_refuses_publish_and_keeps_what_is_stored(make_store):
+    store = make_store(disk_capacity_bytes=int(2.5 * MiB))
+    store.publish("a", weights_of_mib(1), durable=True)
+    store.publish("b", weights_of_mib(1, seed=1), durable=True)
+    with pytest.raises(DiskFullError, match="disk_capacity_bytes"):
+        store.publish("c", weights_of_mib(1, seed=2), durable=True)
+    with pytest.raises(UnknownPolicyError):
+        store.get("c")
+    for pid in ("a", "b"):
+        assert store.verify(pid) == {**store.verify(pid), "hot": True, "disk": True}
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 3 MiB file system: the spill tier hits ENOSPC for real."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_is_a_clear_error_and_loses_nothing(make_store, tiny_disk):
+    store = make_store(spill_dir=str(tiny_disk), compress=False)
+    store.publish("a", weights_of_mib(1.2), durable=True)
+    for durable in (True, False):
+        with pytest.raises(DiskFullError, match="no space left for new snapshot of 'b'"):
+            store.publish("b", weights_of_mib(1.9, seed=1), durable=durable)
+    with pytest.raises(UnknownPolicyError):
+        store.get("b")
+    assert store.verify("a") == {**store.verify("a"), "hot": True, "disk": True}
+
+
+def test_running_out_of_space_mid_write_leaves_no_partial_file(tiny_disk):
+    from policystore.format import pack, parse_header
+    from policystore.spill import DiskTier
+
+    disk = DiskTier(tiny_disk, compress=False)
+    buf = pack(weights_of_mib(4), policy_id="big")
+    with pytest.raises(DiskFullError, match="disk full while spilling big"):
+        disk.write_temp("big", buf, parse_header(buf, name="big"), "big")
+    assert list((tiny_disk / "big").iterdir()) == []
+
+
+def test_connect_with_a_different_config_is_an_error(make_store):
+    store = make_store(hot_capacity_bytes=5 * MiB)
+    with pytest.raises(PolicyStoreError, match="already runs with"):
+        policystore.connect(StoreConfig(hot_capacity_bytes=6 * MiB, spill_dir=store.config.spill_dir))
