@@ -102,12 +102,15 @@ class Results:
         self.skipped: list[dict[str, Any]] = []
         self.started = dt.datetime.now().astimezone()
         (self.out / "rows.jsonl").unlink(missing_ok=True)
+        # stdout carries the JSON rows and nothing else: Ray prints raylet warnings to sys.stdout, so everything
+        # else printed from now on goes to stderr
+        self._rows_stream, sys.stdout = sys.stdout, sys.stderr
 
     def emit(self, row: dict[str, Any]) -> dict[str, Any]:
         row = {"benchmark": self.name, **row, "loadavg_1m": load_average()}
         self.rows.append(row)
         line = json.dumps(row)
-        print(line, flush=True)
+        print(line, file=self._rows_stream, flush=True)
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.out / "rows.jsonl", "a") as f:  # survives an interrupted run
             f.write(line + "\n")
@@ -125,6 +128,7 @@ class Results:
         notes: Sequence[str] = (),
     ) -> Path:
         """Write results.json, table.md (``columns`` of every row) and plot.png; returns the folder."""
+        sys.stdout = self._rows_stream
         self.out.mkdir(parents=True, exist_ok=True)
         record = {
             "benchmark": self.name,

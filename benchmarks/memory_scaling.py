@@ -157,6 +157,23 @@ def run_session(
             )
 
 
+def pivot(rows: list[dict[str, Any]], skipped: list[dict[str, Any]]) -> str:
+    """copies_per_node as one line per (size, K, mode) and one column per N; "-" marks a skipped point."""
+    workers = sorted({r["workers"] for r in rows} | {s["workers"] for s in skipped})
+    cell = {(r["snapshot_mib"], r["snapshots"], r["mode"], r["workers"]): r["copies_per_node"] for r in rows}
+    keys = sorted({k[:3] for k in cell} | {(s["snapshot_mib"], s["snapshots"], s["mode"]) for s in skipped})
+    lines = [
+        "copies per node (attributable PSS / (K x size)); columns: workers N",
+        "",
+        "| size MiB | K | mode | " + " | ".join(f"N={n}" for n in workers) + " |",
+        "|---|---|---|" + "---|" * len(workers),
+    ]
+    for size, k, mode in keys:
+        values = ["-" if (v := cell.get((size, k, mode, n))) is None else f"{v:.2f}" for n in workers]
+        lines.append(f"| {size} | {k} | {mode} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict[str, Any]], path) -> None:
     import matplotlib.pyplot as plt
 
@@ -233,8 +250,9 @@ def main(argv: list[str] | None = None) -> None:
         ["mode", "workers", "snapshots", "snapshot_mib", "attributable_mib", "copies_per_node", "anon_delta_mib",
          "shmem_delta_mib", "object_store_used_mib", "system_used_delta_mib", "loadavg_1m"],
         plot,
-        notes=["attributable = session PSS with K snapshots loaded minus the same session idle; "
-               f"settle {args.settle_s} s after gc.collect() in every process."],
+        notes=[pivot(results.rows, results.skipped),
+               "attributable = session PSS with K snapshots loaded minus the same session idle; "
+               f"settle {args.settle_s} s after gc.collect() in every process. '-': skipped (see above)."],
     )
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import mmap
 import os
-import queue
 import re
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,16 @@ import lz4.frame
 import numpy as np
 
 from .errors import CorruptSnapshotError, DiskFullError
-from .format import Header, check_checksum, checksum_of, iter_data, parse_header, verify_buffer
+from .format import (
+    Header,
+    check_checksum,
+    checksum_of,
+    compute_checksum,
+    fill_in_background,
+    parse_header,
+    spans,
+    verify_buffer,
+)
 from .ids import SnapshotId
 
 log = logging.getLogger(__name__)
@@ -34,7 +43,7 @@ LZ4_SUFFIX = ".safetensors.lz4"
 _FILE = re.compile(r"(\d{10})(\.safetensors(?:\.lz4)?)")
 _TMP_PREFIX = ".tmp-"
 _PROBE_BYTES = 4 * 1024 * 1024  # compress this much first; store raw if lz4 saves < 10% on it
-_READ_CHUNK = 16 * 1024 * 1024
+_IO_CHUNK = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -83,23 +92,21 @@ class DiskTier:
             )
 
     def write_temp(self, policy_id: str, buf: np.ndarray, header: Header, what: str) -> SpillFile:
-        """Write ``buf`` to a fsync'd temp file next to its final place; check the checksum on the way."""
+        """Write ``buf`` to a fsync'd temp file next to its final place; check the checksum on the way.
+
+        The checksum is recomputed from the shared-memory copy: a copy written to after publish is not spilled.
+        """
         folder = self.root / policy_id
         folder.mkdir(parents=True, exist_ok=True)
         compressed = self.compress and _worth_compressing(buf)
         tmp = folder / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
         view = memoryview(buf).cast("B")
         try:
-            with open(tmp, "wb") as f:
-                if compressed:
-                    with lz4.frame.LZ4FrameCompressor(block_linked=False) as comp:
-                        f.write(comp.begin(len(view)))
-                        f.write(comp.compress(view[: header.data_offset]))
-                        actual = checksum_of(header, _tee(iter_data(header, buf), lambda c: f.write(comp.compress(c))))
-                        f.write(comp.flush())
-                else:
-                    f.write(view[: header.data_offset])
-                    actual = checksum_of(header, _tee(iter_data(header, buf), f.write))
+            with open(tmp, "wb") as f, ThreadPoolExecutor(1, thread_name_prefix="policystore-write") as pool:
+                # the write (and lz4) runs beside the checksum pass over the same buffer: both release the GIL
+                written = pool.submit(_write_lz4 if compressed else _write_raw, f, view)
+                actual = compute_checksum(header, buf)
+                written.result()
                 f.flush()
                 os.fsync(f.fileno())
             if actual != header.checksum:
@@ -135,27 +142,31 @@ class DiskTier:
     def read(self, file: SpillFile, what: str) -> np.ndarray:
         """The snapshot's buffer, checksum verified; CorruptSnapshotError (naming ``what``) otherwise.
 
-        A helper thread reads (and decompresses) the file chunk by chunk into one buffer while this thread
-        checksums the chunks already there: file I/O, lz4 and zlib.crc32 all release the GIL, so the checksum
-        hides behind the read instead of adding a second pass over the snapshot.
+        A raw file is not copied at all: the buffer is a read-only map of the file (the kernel reads ahead while
+        the checksum runs), and the store's ``ray.put`` copies it from the page cache straight into shared memory.
+        Spill files are never changed in place (atomic rename; removal unlinks), so the map stays valid. An lz4
+        file is decompressed into one buffer by a helper thread while this thread checksums what has arrived.
         """
         try:
             with open(file.path, "rb", buffering=0) as f:
-                size = _lz4_content_size(f) if file.compressed else os.fstat(f.fileno()).st_size
-                if file.compressed and not size:  # a frame without its size: decompress, then verify
+                if not file.compressed:
+                    buf = _map_readonly(f)
+                    verify_buffer(buf, name=what)
+                    return buf
+                size = _lz4_content_size(f)
+                if not size:  # a frame written without its size: decompress, then verify
                     buf = np.frombuffer(lz4.frame.decompress(f.read()), dtype=np.uint8)
                     verify_buffer(buf, name=what)
                     return buf
                 buf = np.empty(size, dtype=np.uint8)
-                fill = _lz4_fill if file.compressed else _raw_fill
-                _verify_while_filling(buf, lambda progress: fill(f, buf, progress), what)
+                _verify_while_filling(buf, lambda progress: _lz4_fill(f, buf, progress), what)
+                return buf
         except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
             raise CorruptSnapshotError(f"{what}: {file.path} is not a valid lz4 frame ({exc})") from None
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{what}: its spill file {file.path} has disappeared") from None
         except CorruptSnapshotError as exc:
             raise CorruptSnapshotError(f"{exc} [file {file.path}]") from None
-        return buf
 
     def scan(self) -> list[DiskEntry]:
         """Every committed snapshot file under the root (headers only); stray temp files are removed."""
@@ -200,22 +211,22 @@ def _lz4_content_size(f) -> int:
     return size
 
 
-def _raw_fill(f, buf: np.ndarray, progress: Callable[[int], None]) -> int:
-    view, got = memoryview(buf), 0
-    while got < len(buf):
-        n = f.readinto(view[got : got + _READ_CHUNK])
-        if not n:
-            break
-        got += n
-        progress(got)
-    return got
+def _map_readonly(f) -> np.ndarray:
+    """The whole file as a read-only uint8 array over an mmap, read ahead in the background."""
+    size = os.fstat(f.fileno()).st_size
+    if not size:
+        return np.empty(0, dtype=np.uint8)
+    mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+    mapped.madvise(mmap.MADV_SEQUENTIAL)
+    mapped.madvise(mmap.MADV_WILLNEED)
+    return np.frombuffer(mapped, dtype=np.uint8)
 
 
 def _lz4_fill(f, buf: np.ndarray, progress: Callable[[int], None]) -> int:
     decompressor = lz4.frame.LZ4FrameDecompressor()
     got = 0
     while not decompressor.eof:
-        data = f.read(_READ_CHUNK // 4)  # compressed bytes: keep the decompressed pieces a few MiB
+        data = f.read(_IO_CHUNK // 4)  # compressed bytes: keep the decompressed pieces a few MiB
         if not data:
             break
         out = decompressor.decompress(data)
@@ -228,41 +239,17 @@ def _lz4_fill(f, buf: np.ndarray, progress: Callable[[int], None]) -> int:
 
 
 def _verify_while_filling(buf: np.ndarray, fill: Callable[[Callable[[int], None]], int], what: str) -> None:
-    """Run ``fill`` (which reports how many bytes of ``buf`` are in place) on a helper thread and check the
-    recorded checksum over the bytes as they arrive; CorruptSnapshotError on a short or damaged file."""
-    arrived: queue.SimpleQueue = queue.SimpleQueue()
-
-    def work() -> None:
-        try:
-            arrived.put(("done", fill(arrived.put)))
-        except BaseException as exc:  # handed to the checking thread, which re-raises it
-            arrived.put(("error", exc))
-
-    def filled_so_far() -> Iterator[int]:
-        while not isinstance(item := arrived.get(), tuple):
-            yield item
-        kind, value = item
-        if kind == "error":
-            raise value
-        if value != len(buf):
-            raise CorruptSnapshotError(f"{what}: file is truncated ({value} of {len(buf)} bytes)")
-
-    threading.Thread(target=work, name="policystore-restore", daemon=True).start()
+    """Fill ``buf`` on a helper thread (``fill`` reports how many bytes are in place) and check the recorded
+    checksum over the bytes as they arrive; CorruptSnapshotError on a short or damaged file."""
     view = memoryview(buf)
-    progress = filled_so_far()
+    progress = fill_in_background(fill, len(buf), what)
     filled = 0
-    for filled in progress:
+    for filled in progress:  # the header first: it says where the data starts and what it should hash to
         if filled >= 8 and filled >= 8 + int.from_bytes(view[:8], "little"):
             break
     header = parse_header(view[:filled], name=what, total=len(buf))
-
-    def data() -> Iterator[memoryview]:
-        checked = header.data_offset
-        for end in itertools.chain([filled], progress):
-            yield view[checked:end]
-            checked = end
-
-    check_checksum(header, checksum_of(header, data()), what)
+    arriving = spans(view, header.data_offset, itertools.chain([filled], progress))
+    check_checksum(header, checksum_of(header, arriving), what)
 
 
 def _first_bytes(path: Path, n: int = 32) -> bytes:
@@ -275,10 +262,17 @@ def _worth_compressing(buf: np.ndarray) -> bool:
     return len(lz4.frame.compress(probe)) < 0.9 * len(probe)
 
 
-def _tee(chunks, sink):
-    for chunk in chunks:
-        sink(chunk)
-        yield chunk
+def _write_raw(f, view: memoryview) -> None:
+    for start in range(0, len(view), _IO_CHUNK):
+        f.write(view[start : start + _IO_CHUNK])
+
+
+def _write_lz4(f, view: memoryview) -> None:
+    with lz4.frame.LZ4FrameCompressor(block_linked=False) as comp:
+        f.write(comp.begin(len(view)))
+        for start in range(0, len(view), _IO_CHUNK):
+            f.write(comp.compress(view[start : start + _IO_CHUNK]))
+        f.write(comp.flush())
 
 
 def _fsync_dir(path: Path) -> None:
