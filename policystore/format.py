@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import math
-import queue
-import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,23 +148,14 @@ def pack(
     data_offset = 8 + header_len
 
     buf = np.empty(data_offset + offset, dtype=np.uint8)
-
-    def copy_parts(progress: Callable[[int], None]) -> int:
-        end = data_offset
-        for _name, _code, _shape, raw in parts:
-            for chunk in range(0, raw.nbytes, _CHUNK):
-                piece = raw[chunk : chunk + _CHUNK]
-                buf[end : end + piece.nbytes] = piece
-                end += piece.nbytes
-                progress(end)
-        return end
+    for name, _code, _shape, raw in parts:
+        start, end = header[name]["data_offsets"]
+        buf[data_offset + start : data_offset + end] = raw
 
     entries = {
         name: TensorEntry(_CODES[code], shape, *header[name]["data_offsets"]) for name, code, shape, _ in parts
     }
-    layout = Header(entries, metadata, data_offset, len(buf))
-    # the checksum covers the bytes as they land in buf, chunk by chunk, while the next chunk is copied
-    metadata[META_CHECKSUM] = checksum_of(layout, spans(buf, data_offset, fill_in_background(copy_parts, len(buf))))
+    metadata[META_CHECKSUM] = compute_checksum(Header(entries, metadata, data_offset, len(buf)), buf)
     header_json = json.dumps(header, separators=(",", ":")).encode()
     assert len(header_json) <= header_len, "checksum field changed width"
     buf[:8] = np.frombuffer(header_len.to_bytes(8, "little"), dtype=np.uint8)
@@ -219,41 +208,6 @@ def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int 
             f"{name}: data section is {total - data_offset} bytes but the header describes {position}"
         )
     return Header(tensors, metadata, data_offset, total)
-
-
-def fill_in_background(fill: Callable[[Callable[[int], None]], int], total: int, name: str = "") -> Iterator[int]:
-    """Run ``fill(progress)`` on a helper thread; yield each ``progress(end)`` it reports as it happens.
-
-    ``fill`` writes a buffer front to back and reports how many bytes are in place; the caller checksums what
-    is there while the rest is still being written. Copies, file reads, lz4 and zlib.crc32 release the GIL, so
-    the two passes overlap instead of adding up. Re-raises what ``fill`` raised; CorruptSnapshotError naming
-    ``name`` if it stopped short of ``total`` bytes.
-    """
-    arrived: queue.SimpleQueue = queue.SimpleQueue()
-
-    def work() -> None:
-        try:
-            arrived.put(("done", fill(arrived.put)))
-        except BaseException as exc:  # handed to the consuming thread, which re-raises it
-            arrived.put(("error", exc))
-
-    threading.Thread(target=work, name="policystore-fill", daemon=True).start()
-    while not isinstance(item := arrived.get(), tuple):
-        yield item
-    kind, value = item
-    if kind == "error":
-        raise value
-    if value != total:
-        raise CorruptSnapshotError(f"{name}: file is truncated (only {value} of {total} bytes arrived)")
-
-
-def spans(buf: np.ndarray | memoryview, start: int, ends: Iterable[int]) -> Iterator[memoryview]:
-    """Consecutive slices ``buf[start:e1], buf[e1:e2], ...`` for the ends reported by ``fill_in_background``."""
-    view = memoryview(buf).cast("B")
-    for end in ends:
-        if end > start:
-            yield view[start:end]
-            start = end
 
 
 def iter_data(header: Header, buf: np.ndarray | memoryview) -> Iterator[memoryview]:

@@ -13,9 +13,11 @@ import itertools
 import logging
 import mmap
 import os
+import queue
 import re
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +31,7 @@ from .format import (
     check_checksum,
     checksum_of,
     compute_checksum,
-    fill_in_background,
     parse_header,
-    spans,
     verify_buffer,
 )
 from .ids import SnapshotId
@@ -239,17 +239,45 @@ def _lz4_fill(f, buf: np.ndarray, progress: Callable[[int], None]) -> int:
 
 
 def _verify_while_filling(buf: np.ndarray, fill: Callable[[Callable[[int], None]], int], what: str) -> None:
-    """Fill ``buf`` on a helper thread (``fill`` reports how many bytes are in place) and check the recorded
-    checksum over the bytes as they arrive; CorruptSnapshotError on a short or damaged file."""
+    """Run ``fill`` on a helper thread and check the recorded checksum over ``buf`` while it fills.
+
+    ``fill(progress)`` writes ``buf`` front to back, calls ``progress(end)`` as bytes land and returns how many
+    it wrote; this thread checksums each landed span meanwhile (lz4 and zlib.crc32 release the GIL, so the two
+    passes overlap instead of adding up). CorruptSnapshotError naming ``what`` on a short or damaged file.
+    """
+    arrived: queue.SimpleQueue = queue.SimpleQueue()
+
+    def work() -> None:
+        try:
+            arrived.put(("done", fill(arrived.put)))
+        except BaseException as exc:  # handed to this thread, which re-raises it
+            arrived.put(("error", exc))
+
+    def landed() -> Iterator[int]:
+        while not isinstance(item := arrived.get(), tuple):
+            yield item
+        kind, value = item
+        if kind == "error":
+            raise value
+        if value != len(buf):
+            raise CorruptSnapshotError(f"{what}: file is truncated (only {value} of {len(buf)} bytes arrived)")
+
+    threading.Thread(target=work, name="policystore-restore", daemon=True).start()
     view = memoryview(buf)
-    progress = fill_in_background(fill, len(buf), what)
-    filled = 0
-    for filled in progress:  # the header first: it says where the data starts and what it should hash to
+    progress, filled = landed(), 0
+    for filled in progress:  # the header first: it says where the data starts and what it must hash to
         if filled >= 8 and filled >= 8 + int.from_bytes(view[:8], "little"):
             break
     header = parse_header(view[:filled], name=what, total=len(buf))
-    arriving = spans(view, header.data_offset, itertools.chain([filled], progress))
-    check_checksum(header, checksum_of(header, arriving), what)
+
+    def data() -> Iterator[memoryview]:
+        start = header.data_offset
+        for end in itertools.chain([filled], progress):
+            if end > start:
+                yield view[start:end]
+                start = end
+
+    check_checksum(header, checksum_of(header, data()), what)
 
 
 def _first_bytes(path: Path, n: int = 32) -> bytes:
