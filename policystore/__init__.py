@@ -5,7 +5,7 @@
     opponent = store.load_module("main_0", build=lambda: MyNet())
 """
 
-from .client import PolicyStore, SnapshotInfo, connect
+from .client import PolicyStore, SnapshotInfo, connect, connect_all
 from .config import StoreConfig
 from .errors import (
     CorruptSnapshotError,
@@ -15,6 +15,7 @@ from .errors import (
     PolicyStoreError,
     ReadOnlyWeightsError,
     ShapeMismatchError,
+    SnapshotLostError,
     SnapshotTooLargeError,
     UnknownPolicyError,
     UnknownVersionError,
@@ -36,9 +37,11 @@ __all__ = [
     "Snapshot",
     "SnapshotId",
     "SnapshotInfo",
+    "SnapshotLostError",
     "SnapshotTooLargeError",
     "StoreConfig",
     "UnknownPolicyError",
     "UnknownVersionError",
     "connect",
+    "connect_all",
 ]

@@ -15,7 +15,8 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from torch import nn
 
-from .config import StoreConfig
+from .catalog import CatalogServer
+from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
 from .errors import CorruptSnapshotError, PolicyStoreError, SnapshotTooLargeError
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
@@ -23,13 +24,18 @@ from .server import StoreServer
 from .snapshot import Snapshot
 from .views import build_on_views
 
-NAMESPACE = "policystore"
 _StoreActor = ray.remote(StoreServer)
+_CatalogActor = ray.remote(CatalogServer)
 
 # Snapshots are immutable, so a process can reuse the one it already holds: (policy, version) -> Snapshot.
 _snapshots: weakref.WeakValueDictionary[SnapshotId, Snapshot] = weakref.WeakValueDictionary()
 _clients: dict[str, PolicyStore] = {}
 _clients_lock = threading.Lock()
+
+# A store that dies is restarted by Ray and rebuilds from disk; reads retry across that for this long.
+RETRY_TIMEOUT_S = 60.0
+_RESTARTING = (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError)
+_OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, ray.exceptions.ObjectFetchTimedOutError)
 
 
 @dataclass(frozen=True)
@@ -38,25 +44,23 @@ class SnapshotInfo:
 
     id: SnapshotId
     nbytes: int
-    tier: str  # "hot": in shared memory; "disk": spilled, restored on the next get
+    tier: str  # on this node: "hot" (shared memory), "disk" (restored on the next get), "remote" (fetched on get)
     on_disk: bool
     file_bytes: int
     compressed: bool
     meta: dict[str, Any]
     created: float
+    holders: tuple[str, ...]  # node ids with a copy, and "durable" once it is in the durable tier
     error: str | None
-
-
-def store_name(node_id: str) -> str:
-    return f"policystore-{node_id}"
 
 
 def connect(config: StoreConfig | None = None, *, node_id: str | None = None) -> PolicyStore:
     """This node's store (``node_id`` for another node's), started if missing.
 
-    Starts a local Ray if none is running. The store is a named, detached actor pinned to its node, taking no CPU
-    slot; concurrent ``connect()`` calls from many workers find the same one (creation is atomic in Ray's GCS).
-    ``config`` applies when the store is created; passing a different one to a running store is an error.
+    Starts a local Ray if none is running, and the cluster catalog if it is missing. The store is a named, detached
+    actor pinned to its node, taking no CPU slot; concurrent ``connect()`` calls from many workers find the same
+    one (creation is atomic in Ray's GCS). ``config`` applies when the store is created; passing a different one to
+    a running store is an error.
     """
     if not ray.is_initialized():
         ray.init()
@@ -72,8 +76,31 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
     return client
 
 
+def connect_all(config: StoreConfig | None = None) -> dict[str, PolicyStore]:
+    """A store on every alive node (nodes that joined since the last call get theirs now), by node id."""
+    if not ray.is_initialized():
+        ray.init()
+    return {n["NodeID"]: connect(config, node_id=n["NodeID"]) for n in ray.nodes() if n["Alive"]}
+
+
+def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
+    journal = config.catalog_journal(ray.get_runtime_context().get_session_name())
+    return _CatalogActor.options(
+        name=CATALOG_NAME,
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached",
+        num_cpus=0,
+        max_concurrency=8,
+        max_restarts=-1,
+        # Beside the driver that started it (the head node, usually), but free to move if that node goes.
+        scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+    ).remote(journal)
+
+
 def _store_actor(node_id: str, config: StoreConfig) -> ray.actor.ActorHandle:
     """The node's store actor: found by name, or created (atomically, in Ray's GCS) with ``config``."""
+    ray.get(_catalog_actor(config).__ray_ready__.remote())
     return _StoreActor.options(
         name=store_name(node_id),
         namespace=NAMESPACE,
@@ -96,17 +123,20 @@ class PolicyStore:
         self._hot_capacity = int(self._call("stats")["hot_capacity_bytes"])
 
     def _call(self, method: str, *args: Any, idempotent: bool = True) -> Any:
-        """Call the store; if it was stopped for good, find or start the node's current store and retry reads.
+        """Call the store, riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
 
         Writes are not retried: a publish that may or may not have landed must be visible to the caller.
         """
-        try:
-            return _call(getattr(self._actor, method), *args)
-        except ray.exceptions.ActorDiedError:
-            self._actor = _store_actor(self.node_id, self.config)
-            if not idempotent:
-                raise
-            return _call(getattr(self._actor, method), *args)
+        deadline = time.monotonic() + RETRY_TIMEOUT_S
+        while True:
+            try:
+                return _call(getattr(self._actor, method), *args)
+            except _RESTARTING as exc:
+                if isinstance(exc, ray.exceptions.ActorDiedError):  # stopped for good: find or start its successor
+                    self._actor = _store_actor(self.node_id, self.config)
+                if not idempotent or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def publish(
         self,
@@ -118,8 +148,8 @@ class PolicyStore:
     ) -> SnapshotId:
         """Store a new version of ``policy_id``; returns its id. Tensors on a GPU are copied to the host once.
 
-        ``durable=True`` returns only once the snapshot is on disk (fsync'd); otherwise it is written in the
-        background and the store serves it from memory right away.
+        ``durable=True`` returns only once the snapshot is on disk (fsync'd, and in the durable tier if one is
+        configured); otherwise it is written in the background and served from memory right away.
         """
         check_policy_id(policy_id)
         buf = pack(weights, policy_id=policy_id, meta=meta)
@@ -131,24 +161,31 @@ class PolicyStore:
         return SnapshotId(*self._call("publish", policy_id, buf, durable, idempotent=False))
 
     def get(self, policy_id: str, version: int | None = None) -> Snapshot:
-        """The snapshot (latest version by default) as zero-copy read-only views; restored from disk if evicted."""
+        """The snapshot (latest version by default) as zero-copy read-only views; restored from disk, or fetched
+        from another node, if this node's store does not hold it in memory."""
         check_policy_id(policy_id)
         if version is not None:
             check_version(version)
             cached = _snapshots.get(SnapshotId(policy_id, version))
             if cached is not None:
                 return cached
-        pid, resolved, (ref,) = self._call("resolve", policy_id, version)
-        sid = SnapshotId(pid, resolved)
-        snap = _snapshots.get(sid)
-        if snap is None:
-            snap = Snapshot(sid, ray.get(ref), ref)
-            _snapshots[sid] = snap
-        return snap
+        deadline = time.monotonic() + RETRY_TIMEOUT_S
+        while True:
+            pid, resolved, (ref,) = self._call("resolve", policy_id, version)
+            sid = SnapshotId(pid, resolved)
+            snap = _snapshots.get(sid)
+            if snap is not None:
+                return snap
+            try:
+                buffer = ray.get(ref)
+            except _OBJECT_GONE:  # the store restarted between resolve and get: its old objects died with it
+                if time.monotonic() > deadline:
+                    raise
+                continue
+            snap = _snapshots[sid] = Snapshot(sid, buffer, ref)
+            return snap
 
-    def load_module(
-        self, policy_id: str, build: Callable[[], nn.Module], version: int | None = None
-    ) -> nn.Module:
+    def load_module(self, policy_id: str, build: Callable[[], nn.Module], version: int | None = None) -> nn.Module:
         """An eval-mode module whose parameters and buffers ARE the snapshot's shared views.
 
         ``build`` runs on the meta device, so the module costs no parameter memory of its own; writes into it
@@ -160,26 +197,33 @@ class PolicyStore:
         return module
 
     def latest_version(self, policy_id: str) -> int:
-        return int(self._call("latest_version", policy_id))
+        return int(self.list(policy_id)[-1].id.version)
 
     def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
-        rows = self._call("list", policy_id)
+        """Every snapshot in the cluster (or of one policy), with where this node holds it."""
         return [
-            SnapshotInfo(SnapshotId(r.pop("policy_id"), r.pop("version")), **r) for r in rows
+            SnapshotInfo(
+                id=SnapshotId(r["policy_id"], r["version"]), nbytes=r["nbytes"], tier=r["tier"], on_disk=r["on_disk"],
+                file_bytes=r["file_bytes"], compressed=r["compressed"], meta=r["meta"], created=r["created"],
+                holders=tuple(r["holders"]), error=r["error"] or None,
+            )
+            for r in self._call("list", policy_id)
         ]
 
     def stats(self) -> dict[str, Any]:
         return self._call("stats")
 
     def delete(self, policy_id: str, version: int | None = None) -> list[SnapshotId]:
-        """Delete one version, or all versions of ``policy_id``. Views already held stay valid."""
+        """Delete one version, or all versions of ``policy_id``, on every node. Views already held stay valid."""
+        check_policy_id(policy_id)
         deleted = [SnapshotId(*sid) for sid in self._call("delete", policy_id, version, idempotent=False)]
         for sid in deleted:
             _snapshots.pop(sid, None)
         return deleted
 
     def verify(self, policy_id: str, version: int | None = None) -> dict[str, Any]:
-        """Re-check the checksum recorded at publish on every copy; raise CorruptSnapshotError if one fails.
+        """Re-check the checksum recorded at publish on this node's copies and the durable tier's; raise
+        CorruptSnapshotError if one fails.
 
         Catches what the write guard cannot (raw writes through ``untyped_storage()``/``data_ptr()``). A corrupt
         shared-memory copy is dropped so the next get serves the verified disk copy.
@@ -208,15 +252,26 @@ def shutdown(node_id: str | None = None) -> bool:
     with _clients_lock:
         _clients.pop(node_id, None)
     _snapshots.clear()
+    return _kill_named(store_name(node_id))
+
+
+def shutdown_all() -> None:
+    """Stop every node's store and the catalog (files stay on disk)."""
+    for node in ray.nodes():
+        shutdown(node["NodeID"])
+    _kill_named(CATALOG_NAME)
+
+
+def _kill_named(name: str) -> bool:
     try:
-        actor = ray.get_actor(store_name(node_id), namespace=NAMESPACE)
+        actor = ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         return False
     ray.kill(actor, no_restart=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the name is released once the actor is gone
         try:
-            ray.get_actor(store_name(node_id), namespace=NAMESPACE)
+            ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
             break
         time.sleep(0.05)

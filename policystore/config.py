@@ -13,9 +13,11 @@ class StoreConfig:
 
     hot_capacity_bytes: bytes of snapshots kept in the object store before least-recently-used ones are evicted
         to disk. None: half of this node's object store.
-    spill_dir: the disk tier. Every snapshot is written here (at once when published durably, else in the
-        background); a restarted store rebuilds its catalog from it. None: a folder under the system temp dir,
-        named after the Ray session, so two clusters on one machine never share it.
+    spill_dir: the node's disk tier (node-local). Every snapshot is written here (at once when published durably,
+        else in the background); a restarted store rebuilds from it. None: <tmp>/policystore/<session>/<node_id>,
+        so neither two clusters nor two nodes on one machine share it.
+    durable_uri: a folder every node can reach (NFS, or any shared mount) where every snapshot is also written,
+        so it survives the loss of the node that published it; the catalog journal lives there too.
     compress: lz4-compress spill files (snapshots that do not compress are stored raw).
     disk_capacity_bytes: refuse publishes that would grow the spill tier beyond this (None: until the disk is full).
     max_concurrency: threads in the store actor, so reads are never queued behind a slow restore or publish.
@@ -23,6 +25,7 @@ class StoreConfig:
 
     hot_capacity_bytes: int | None = None
     spill_dir: str | None = None
+    durable_uri: str | None = None
     compress: bool = True
     disk_capacity_bytes: int | None = None
     max_concurrency: int = 16
@@ -35,7 +38,34 @@ class StoreConfig:
         if self.max_concurrency < 2:
             raise ValueError("StoreConfig.max_concurrency must be >= 2 (reads must not queue behind writes)")
 
-    def resolved_spill_dir(self, session_name: str) -> str:
+    def resolved_spill_dir(self, session_name: str, node_id: str) -> str:
         if self.spill_dir is not None:
             return os.path.abspath(os.path.expanduser(self.spill_dir))
+        return os.path.join(self._default_root(session_name), node_id)
+
+    def resolved_durable_dir(self) -> str | None:
+        if self.durable_uri is None:
+            return None
+        path = self.durable_uri.removeprefix("file://")
+        if "://" in path:
+            raise ValueError(f"durable_uri {self.durable_uri!r}: only mounted paths (or file://) are supported yet")
+        return os.path.abspath(os.path.expanduser(path))
+
+    def catalog_journal(self, session_name: str) -> str:
+        """The catalog's journal: in the durable tier if there is one, else beside the spill folders."""
+        root = self.resolved_durable_dir() or (
+            os.path.abspath(os.path.expanduser(self.spill_dir)) if self.spill_dir else self._default_root(session_name)
+        )
+        return os.path.join(root, "_catalog.jsonl")
+
+    @staticmethod
+    def _default_root(session_name: str) -> str:
         return os.path.join(tempfile.gettempdir(), "policystore", session_name)
+
+
+NAMESPACE = "policystore"
+CATALOG_NAME = "policystore-catalog"
+
+
+def store_name(node_id: str) -> str:
+    return f"policystore-{node_id}"

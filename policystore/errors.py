@@ -34,6 +34,11 @@ class CorruptSnapshotError(PolicyStoreError):
     """Bytes that fail their checksum or do not parse; such a snapshot is never served."""
 
 
+class SnapshotLostError(PolicyStoreError):
+    """The catalog lists the snapshot but no live copy is left (its nodes are gone and it never reached the
+    durable tier, or a non-durable publish died with its store before being spilled)."""
+
+
 class DiskFullError(PolicyStoreError, OSError):
     """The spill tier cannot take the snapshot (no space left, or over disk_capacity_bytes)."""
 

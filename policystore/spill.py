@@ -74,6 +74,14 @@ class DiskTier:
     def path_for(self, sid: SnapshotId, compressed: bool) -> Path:
         return self.root / sid.policy_id / f"{sid.version:010d}{LZ4_SUFFIX if compressed else RAW_SUFFIX}"
 
+    def find(self, sid: SnapshotId) -> SpillFile | None:
+        """The committed file of ``sid``, raw or compressed, if there is one."""
+        for compressed in (False, True):
+            path = self.path_for(sid, compressed)
+            if path.exists():
+                return SpillFile(path, compressed, path.stat().st_size)
+        return None
+
     # ---- writing -------------------------------------------------------------------------------------------
     def check_room(self, nbytes: int, committed_bytes: int, pending_bytes: int, what: str) -> None:
         """Refuse up front when a snapshot of ``nbytes`` cannot fit beside what is stored and still being written."""

@@ -25,9 +25,9 @@ def make_store(ray_session, tmp_path):
     import policystore
 
     def make(**fields):
-        policystore.client.shutdown()
+        policystore.client.shutdown_all()
         fields.setdefault("spill_dir", str(tmp_path / "spill"))
         return policystore.connect(policystore.StoreConfig(**fields))
 
     yield make
-    policystore.client.shutdown()
+    policystore.client.shutdown_all()

@@ -307,7 +307,7 @@ def test_one_store_per_node_found_by_every_worker_and_taking_no_cpu(make_store, 
     ids = set(ray.get([r.store_actor_id.remote() for r in readers]))
     assert ids == {store._actor._actor_id.hex()}
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("policystore")]
-    assert names == [f"policystore-{store.node_id}"]
+    assert sorted(names) == sorted([f"policystore-{store.node_id}", "policystore-catalog"])
     placement = ray.get(store._actor.__ray_call__.remote(
         lambda self: (ray.get_runtime_context().get_node_id(), ray.get_runtime_context().get_assigned_resources())
     ))
