@@ -1,8 +1,10 @@
 """Time until a worker has a usable module, by snapshot size: store paths against the usual baselines.
 
 Cases, timed inside a worker actor (p50/p99 over --repeats, fewer for big snapshots):
-  hot_get / hot_module      snapshot hot in the store, not yet in this process (the client cache is emptied
-                            between samples): one actor round trip, ray.get, header parse, views (+ module build)
+  hot_get / hot_module      latest version, hot in the node's store, not yet in this process (the client cache
+                            is emptied between samples): the store resolves "latest" with the cluster catalog,
+                            then ray.get, header parse, views (+ the module build)
+  hot_get_version           the same for an explicit version: no catalog lookup, one round trip to the store
   cache_get / cache_module  repeated get of a version this process already holds (client cache hit)
   restore_module            snapshot evicted to the disk tier: the store restores it (read, checksum, ray.put);
                             the hot tier holds one snapshot and two are read in turn, so every get is a restore
@@ -33,7 +35,8 @@ from .harness import MiB
 from .nets import ARCHS, NetSpec, random_weights
 
 CASES = (
-    "hot_get", "hot_module", "cache_get", "cache_module", "restore_module", "ray_get_load_state_dict", "torch_load"
+    "hot_get", "hot_get_version", "hot_module", "cache_get", "cache_module", "restore_module",
+    "ray_get_load_state_dict", "torch_load",
 )
 
 
@@ -44,13 +47,13 @@ class Reader:
         self.spec = spec
         self.store = policystore.connect()
 
-    def hot(self, policy_id: str, repeats: int, module: bool) -> tuple[list[float], int]:
+    def hot(self, policy_id: str, repeats: int, module: bool, version: int | None) -> tuple[list[float], int]:
         """Samples, and how many gets reached the store (all of them, unless the client cache kept one)."""
         hits = self.store.stats()["hits"]
         out = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            got = self.store.load_module(policy_id, self.spec) if module else self.store.get(policy_id)
+            got = self.store.load_module(policy_id, self.spec) if module else self.store.get(policy_id, version)
             out.append(time.perf_counter() - start)
             del got  # nothing else holds it: the next get misses the client cache again
         return out[1:], self.store.stats()["hits"] - hits
@@ -115,8 +118,10 @@ def run_size(results: harness.Results, size_mib: int, args: Any) -> None:
         store.flush()
         timings["restore_module"] = ray.get(reader.restore.remote(["a", "b"], repeats))
         store_gets = {}
-        for case, module in (("hot_get", False), ("hot_module", True)):
-            timings[case], store_gets[case] = ray.get(reader.hot.remote("b", args.repeats, module))
+        latest = store.latest_version("b")
+        for case, module, version in (("hot_get", False, None), ("hot_get_version", False, latest),
+                                      ("hot_module", True, None)):
+            timings[case], store_gets[case] = ray.get(reader.hot.remote("b", args.repeats, module, version))
         for case, module in (("cache_get", False), ("cache_module", True)):
             timings[case] = ray.get(reader.cached.remote("b", args.repeats, module))
         stats = store.stats()

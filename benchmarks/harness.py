@@ -230,6 +230,7 @@ def ray_session(object_store_bytes: int, num_cpus: int | None = None) -> Iterato
         raise RuntimeError("benchmarks start their own Ray session; call them without one running")
     spill = Path(tempfile.mkdtemp(prefix="policystore-bench-"))
     ray.init(
+        address="local",  # never attach to another cluster running on this machine (other jobs, `ray start`)
         num_cpus=num_cpus or os.cpu_count(),
         object_store_memory=int(object_store_bytes),
         include_dashboard=False,
