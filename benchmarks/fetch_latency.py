@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="cap samples so that one case moves about this much data")
     args = parser.parse_args(argv)
     if args.quick:
-        args.sizes_mib, args.repeats, args.min_repeats = [1], 10, 3
+        args.sizes_mib, args.repeats, args.min_repeats = [1], 5, 3
     harness.setup_logging(args.verbose)
     results = harness.Results("fetch_latency", args, {k: v for k, v in vars(args).items() if k != "out"})
     with harness.progress() as bar:
