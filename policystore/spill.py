@@ -18,7 +18,6 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from .format import (
     Header,
     check_checksum,
     checksum_of,
-    compute_checksum,
+    iter_data,
     parse_header,
     verify_buffer,
 )
@@ -43,7 +42,7 @@ LZ4_SUFFIX = ".safetensors.lz4"
 _FILE = re.compile(r"(\d{10})(\.safetensors(?:\.lz4)?)")
 _TMP_PREFIX = ".tmp-"
 _PROBE_BYTES = 4 * 1024 * 1024  # compress this much first; store raw if lz4 saves < 10% on it
-_IO_CHUNK = 16 * 1024 * 1024
+_READ_CHUNK = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -100,21 +99,23 @@ class DiskTier:
             )
 
     def write_temp(self, policy_id: str, buf: np.ndarray, header: Header, what: str) -> SpillFile:
-        """Write ``buf`` to a fsync'd temp file next to its final place; check the checksum on the way.
-
-        The checksum is recomputed from the shared-memory copy: a copy written to after publish is not spilled.
-        """
+        """Write ``buf`` to a fsync'd temp file next to its final place; check the checksum on the way."""
         folder = self.root / policy_id
         folder.mkdir(parents=True, exist_ok=True)
         compressed = self.compress and _worth_compressing(buf)
         tmp = folder / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
         view = memoryview(buf).cast("B")
         try:
-            with open(tmp, "wb") as f, ThreadPoolExecutor(1, thread_name_prefix="policystore-write") as pool:
-                # the write (and lz4) runs beside the checksum pass over the same buffer: both release the GIL
-                written = pool.submit(_write_lz4 if compressed else _write_raw, f, view)
-                actual = compute_checksum(header, buf)
-                written.result()
+            with open(tmp, "wb") as f:
+                if compressed:
+                    with lz4.frame.LZ4FrameCompressor(block_linked=False) as comp:
+                        f.write(comp.begin(len(view)))
+                        f.write(comp.compress(view[: header.data_offset]))
+                        actual = checksum_of(header, _tee(iter_data(header, buf), lambda c: f.write(comp.compress(c))))
+                        f.write(comp.flush())
+                else:
+                    f.write(view[: header.data_offset])
+                    actual = checksum_of(header, _tee(iter_data(header, buf), f.write))
                 f.flush()
                 os.fsync(f.fileno())
             if actual != header.checksum:
@@ -234,7 +235,7 @@ def _lz4_fill(f, buf: np.ndarray, progress: Callable[[int], None]) -> int:
     decompressor = lz4.frame.LZ4FrameDecompressor()
     got = 0
     while not decompressor.eof:
-        data = f.read(_IO_CHUNK // 4)  # compressed bytes: keep the decompressed pieces a few MiB
+        data = f.read(_READ_CHUNK // 4)  # compressed bytes: keep the decompressed pieces a few MiB
         if not data:
             break
         out = decompressor.decompress(data)
@@ -298,17 +299,10 @@ def _worth_compressing(buf: np.ndarray) -> bool:
     return len(lz4.frame.compress(probe)) < 0.9 * len(probe)
 
 
-def _write_raw(f, view: memoryview) -> None:
-    for start in range(0, len(view), _IO_CHUNK):
-        f.write(view[start : start + _IO_CHUNK])
-
-
-def _write_lz4(f, view: memoryview) -> None:
-    with lz4.frame.LZ4FrameCompressor(block_linked=False) as comp:
-        f.write(comp.begin(len(view)))
-        for start in range(0, len(view), _IO_CHUNK):
-            f.write(comp.compress(view[start : start + _IO_CHUNK]))
-        f.write(comp.flush())
+def _tee(chunks, sink):
+    for chunk in chunks:
+        sink(chunk)
+        yield chunk
 
 
 def _fsync_dir(path: Path) -> None:
