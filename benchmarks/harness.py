@@ -17,6 +17,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -228,6 +229,8 @@ def ray_session(object_store_bytes: int, num_cpus: int | None = None) -> Iterato
 
     if ray.is_initialized():
         raise RuntimeError("benchmarks start their own Ray session; call them without one running")
+    # a SIGTERM (kill, a CI timeout) unwinds through the finally below: Ray shut down, spill folder removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     spill = Path(tempfile.mkdtemp(prefix="policystore-bench-"))
     ray.init(
         address="local",  # never attach to another cluster running on this machine (other jobs, `ray start`)
