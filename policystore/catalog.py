@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .config import StoreConfig
 from .errors import UnknownPolicyError, UnknownVersionError
 from .ids import check_policy_id, check_version
 
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 class CatalogServer:
     """Run as a Ray actor (see ``client.connect``). Entries: pid -> {version -> summary + holders}."""
 
-    def __init__(self, journal_path: str):
+    def __init__(self, journal_path: str, config: StoreConfig):
+        self.config = config  # the cluster's store settings: stores started later, anywhere, use them
         self._lock = threading.RLock()
         self._committed: dict[str, dict[int, dict[str, Any]]] = {}  # versions in increasing order
         self._reserved: dict[tuple[str, int], str] = {}  # (pid, version) -> reserving node
@@ -39,6 +41,9 @@ class CatalogServer:
             self._replay()
         self._journal = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the actor
         log.info("catalog: %d snapshots from %s", sum(map(len, self._committed.values())), self._path)
+
+    def store_config(self) -> StoreConfig:
+        return self.config
 
     # ---- journal -------------------------------------------------------------------------------------------
     def _replay(self) -> None:

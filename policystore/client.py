@@ -50,6 +50,7 @@ class SnapshotInfo:
     compressed: bool
     meta: dict[str, Any]
     created: float
+    checksum: str  # the CRC recorded at publish: equal checksums, equal bytes
     holders: tuple[str, ...]  # node ids with a copy, and "durable" once it is in the durable tier
     error: str | None
 
@@ -59,8 +60,9 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
 
     Starts a local Ray if none is running, and the cluster catalog if it is missing. The store is a named, detached
     actor pinned to its node, taking no CPU slot; concurrent ``connect()`` calls from many workers find the same
-    one (creation is atomic in Ray's GCS). ``config`` applies when the store is created; passing a different one to
-    a running store is an error.
+    one (creation is atomic in Ray's GCS). The first ``config`` given in a cluster becomes the cluster's: stores
+    started later on any node (by a bare ``connect()`` in a worker) use it. Passing a different one to a running
+    store is an error.
     """
     if not ray.is_initialized():
         ray.init()
@@ -68,7 +70,7 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
     with _clients_lock:
         client = _clients.get(node_id)
         if client is None:
-            client = _clients[node_id] = PolicyStore(node_id, config or StoreConfig())
+            client = _clients[node_id] = PolicyStore(node_id, config)
     if config is not None and client.config != config:
         raise PolicyStoreError(
             f"the store on node {node_id} already runs with {client.config}; connect() was given {config}"
@@ -84,6 +86,7 @@ def connect_all(config: StoreConfig | None = None) -> dict[str, PolicyStore]:
 
 
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
+    """The cluster catalog: found by name, or created with ``config`` as the cluster's store settings."""
     journal = config.catalog_journal(ray.get_runtime_context().get_session_name())
     return _CatalogActor.options(
         name=CATALOG_NAME,
@@ -95,12 +98,15 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
         max_restarts=-1,
         # Beside the driver that started it (the head node, usually), but free to move if that node goes.
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-    ).remote(journal)
+    ).remote(journal, config)
 
 
-def _store_actor(node_id: str, config: StoreConfig) -> ray.actor.ActorHandle:
-    """The node's store actor: found by name, or created (atomically, in Ray's GCS) with ``config``."""
-    ray.get(_catalog_actor(config).__ray_ready__.remote())
+def _store_actor(node_id: str, config: StoreConfig | None) -> ray.actor.ActorHandle:
+    """The node's store actor: found by name, or created (atomically, in Ray's GCS) with ``config`` (None: the
+    cluster's settings, kept by the catalog)."""
+    catalog = _catalog_actor(config or StoreConfig())
+    if config is None:
+        config = ray.get(catalog.store_config.remote())
     return _StoreActor.options(
         name=store_name(node_id),
         namespace=NAMESPACE,
@@ -116,24 +122,26 @@ def _store_actor(node_id: str, config: StoreConfig) -> ray.actor.ActorHandle:
 class PolicyStore:
     """Handle on one node's store. Thread-safe; get one per process with ``connect()``."""
 
-    def __init__(self, node_id: str, config: StoreConfig):
+    def __init__(self, node_id: str, config: StoreConfig | None):
         self.node_id = node_id
         self._actor = _store_actor(node_id, config)
+        self._catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
         self.config: StoreConfig = self._call("store_config")
         self._hot_capacity = int(self._call("stats")["hot_capacity_bytes"])
 
-    def _call(self, method: str, *args: Any, idempotent: bool = True) -> Any:
-        """Call the store, riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
+    def _call(self, method: str, *args: Any, idempotent: bool = True, actor: str = "store") -> Any:
+        """Call the store (or the catalog), riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
 
         Writes are not retried: a publish that may or may not have landed must be visible to the caller.
         """
         deadline = time.monotonic() + RETRY_TIMEOUT_S
         while True:
             try:
-                return _call(getattr(self._actor, method), *args)
+                return _call(getattr(self._actor if actor == "store" else self._catalog, method), *args)
             except _RESTARTING as exc:
                 if isinstance(exc, ray.exceptions.ActorDiedError):  # stopped for good: find or start its successor
                     self._actor = _store_actor(self.node_id, self.config)
+                    self._catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
                 if not idempotent or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
@@ -164,11 +172,11 @@ class PolicyStore:
         """The snapshot (latest version by default) as zero-copy read-only views; restored from disk, or fetched
         from another node, if this node's store does not hold it in memory."""
         check_policy_id(policy_id)
-        if version is not None:
-            check_version(version)
-            cached = _snapshots.get(SnapshotId(policy_id, version))
-            if cached is not None:
-                return cached
+        if version is None:  # ask the catalog: a latest version this process already holds needs nothing more
+            version = self.latest_version(policy_id)
+        cached = _snapshots.get(SnapshotId(policy_id, check_version(version)))
+        if cached is not None:
+            return cached
         deadline = time.monotonic() + RETRY_TIMEOUT_S
         while True:
             pid, resolved, (ref,) = self._call("resolve", policy_id, version)
@@ -197,7 +205,8 @@ class PolicyStore:
         return module
 
     def latest_version(self, policy_id: str) -> int:
-        return int(self.list(policy_id)[-1].id.version)
+        """The newest committed version of ``policy_id``, cluster-wide."""
+        return int(self._call("lookup", check_policy_id(policy_id), actor="catalog")["version"])
 
     def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
         """Every snapshot in the cluster (or of one policy), with where this node holds it."""
@@ -205,7 +214,7 @@ class PolicyStore:
             SnapshotInfo(
                 id=SnapshotId(r["policy_id"], r["version"]), nbytes=r["nbytes"], tier=r["tier"], on_disk=r["on_disk"],
                 file_bytes=r["file_bytes"], compressed=r["compressed"], meta=r["meta"], created=r["created"],
-                holders=tuple(r["holders"]), error=r["error"] or None,
+                checksum=r["checksum"], holders=tuple(r["holders"]), error=r["error"] or None,
             )
             for r in self._call("list", policy_id)
         ]

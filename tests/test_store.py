@@ -195,6 +195,7 @@ def test_lru_eviction_and_transparent_restore(make_store):
     store.publish("p0", originals["p0"])
     held = store.get("p0")  # a reader holding views across eviction
     store.publish("p1", originals["p1"])
+    policystore.client._snapshots.clear()  # as another process would, ask the store (recency is what it sees)
     store.get("p0")  # touch: p1 is now the least recently used
     store.publish("p2", originals["p2"])
     store.flush()

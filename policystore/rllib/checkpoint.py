@@ -1,0 +1,98 @@
+"""Frozen modules in RLlib checkpoints.
+
+RLlib checkpoints the Learners' modules only, so frozen modules kept off the Learners would come back from
+a restore as freshly initialised ones. The local EnvRunner's checkpoint folder gets a ``policystore/`` folder
+with each frozen snapshot (safetensors, no pickle) and the spec that builds it; restoring re-publishes a
+snapshot to the node store unless the store still holds identical bytes under the same id.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow.fs
+import safetensors.torch
+import torch
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from ..errors import UnknownPolicyError
+from ..ids import SnapshotId
+from .registry import FrozenEntry
+
+FOLDER = "policystore"
+INDEX = "league.json"
+FORMAT = 1
+
+
+def _fs(path: Any, filesystem: pyarrow.fs.FileSystem | None) -> tuple[pyarrow.fs.FileSystem, pathlib.Path]:
+    path = str(path)
+    if filesystem is None:
+        filesystem, path = pyarrow.fs.FileSystem.from_uri(path)
+    return filesystem, pathlib.Path(path) / FOLDER
+
+
+def save(
+    path: Any, frozen: Mapping[str, FrozenEntry], store: Any, filesystem: pyarrow.fs.FileSystem | None
+) -> None:
+    """Write every frozen snapshot (bytes as stored) and its spec under ``path/policystore``."""
+    fs, folder = _fs(path, filesystem)
+    fs.create_dir(folder.as_posix(), recursive=True)
+    index = []
+    for i, (module_id, entry) in enumerate(sorted(frozen.items())):
+        snap = store.get(entry.snapshot.policy_id, version=entry.snapshot.version)
+        name = f"frozen_{i}.safetensors"
+        with fs.open_output_stream((folder / name).as_posix()) as f:
+            f.write(safetensors.torch.save({k: v.clone() for k, v in snap.items()}))
+        index.append(
+            {
+                "module_id": module_id,
+                "policy_id": entry.snapshot.policy_id,
+                "version": entry.snapshot.version,
+                "file": name,
+                "on_learners": entry.on_learners,
+                "spec": entry.spec.to_dict(),
+                "meta": dict(snap.meta),
+            }
+        )
+    with fs.open_output_stream((folder / INDEX).as_posix()) as f:
+        f.write(json.dumps({"format": FORMAT, "frozen": index}, indent=1).encode())
+
+
+def load(path: Any, settings: Any, filesystem: pyarrow.fs.FileSystem | None) -> dict[str, FrozenEntry] | None:
+    """Read ``path/policystore`` back into the node store; None if the checkpoint has no such folder."""
+    fs, folder = _fs(path, filesystem)
+    if fs.get_file_info((folder / INDEX).as_posix()).type == pyarrow.fs.FileType.NotFound:
+        return None
+    with fs.open_input_stream((folder / INDEX).as_posix()) as f:
+        index = json.loads(f.read())
+    if index.get("format") != FORMAT:
+        raise ValueError(f"{folder / INDEX}: unknown policystore checkpoint format {index.get('format')!r}")
+    store = settings.store()
+    frozen = {}
+    for item in index["frozen"]:
+        with fs.open_input_stream((folder / item["file"]).as_posix()) as f:
+            weights = safetensors.torch.load(f.read())
+        snapshot = SnapshotId(item["policy_id"], item["version"])
+        if not _store_holds(store, snapshot, weights):
+            snapshot = store.publish(item["policy_id"], weights, meta=item["meta"])
+        spec = RLModuleSpec.from_dict(item["spec"])
+        frozen[item["module_id"]] = FrozenEntry(snapshot, spec, item["on_learners"])
+    return frozen
+
+
+def _store_holds(store: Any, snapshot: SnapshotId, weights: Mapping[str, torch.Tensor]) -> bool:
+    """Whether the store has ``snapshot`` with exactly these bytes (then the restore reuses it)."""
+    try:
+        snap = store.get(snapshot.policy_id, version=snapshot.version)
+    except UnknownPolicyError:
+        return False
+    return set(snap) == set(weights) and all(_same_bytes(snap[k], weights[k]) for k in weights)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))

@@ -1,0 +1,153 @@
+"""EnvRunners whose frozen league modules are zero-copy views into the node's PolicyStore.
+
+Every way RLlib writes module weights into an EnvRunner ends in ``EnvRunner.set_state`` (``sync_weights``,
+``add_module``/``remove_module``, ``Algorithm.set_state``/``restore_from_path``, ``restore_env_runners``),
+and each of them broadcasts the state of every module. Loading that into a module whose parameters are shared
+views would overwrite the snapshot for every process on the node, so ``set_state`` here drops the frozen
+module ids first. The views themselves also refuse writes (the store's guard), so a path that slipped through
+would fail loudly rather than corrupt the league.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+import torch
+from ray.rllib.core import COMPONENT_RL_MODULE
+from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+
+from ..errors import UnknownPolicyError
+from ..ids import SnapshotId
+from . import checkpoint, registry
+from .callback import PolicyStoreCallback
+from .registry import FrozenEntry, LeagueFollower, LeagueState
+
+logger = logging.getLogger(__name__)
+
+
+class SharedModulesMixin:
+    """Put first in the bases of a MultiAgentEnvRunner subclass: ``class R(SharedModulesMixin, MyBase)``.
+
+    Frozen modules are attached from the league state when the module is built (which also happens when Ray
+    restarts a dead EnvRunner) and at the top of every ``sample()``; they are never written by RLlib's syncs.
+    """
+
+    def make_module(self) -> None:
+        super().make_module()
+        self._frozen: dict[str, SnapshotId] = {}
+        self._league_state = LeagueState()
+        self._league = LeagueFollower(self._policystore_settings().league)
+        self.sync_league()
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        self.sync_league()
+        return super().sample(*args, **kwargs)
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """RLlib's set_state minus the frozen modules; then catch up with the league.
+
+        RLlib calls this on every weight sync, restore and recovery, so the league (e.g. one a checkpoint
+        restore just replaced) reaches every EnvRunner as soon as RLlib pushes anything, not only at the next
+        sample.
+        """
+        super().set_state(self._without_frozen(state))
+        self.sync_league()
+
+    def sync_league(self) -> bool:
+        """Attach/detach frozen modules, take the matchmaking from the league; True if it changed."""
+        state = self._league.poll()
+        if state is None:
+            return False
+        if self._apply_league(state):
+            self._league.mark_seen(state)  # else: poll the same state again at the next sample
+        return True
+
+    def frozen_modules(self) -> dict[str, SnapshotId]:
+        """Frozen module ids on this EnvRunner and the snapshots they view."""
+        return dict(self._frozen)
+
+    def save_to_path(self, path: Any = None, **kwargs: Any) -> str:
+        """RLlib's checkpoint (which leaves frozen modules out) plus the frozen snapshots and their specs."""
+        path = super().save_to_path(path, **kwargs)
+        frozen = {mid: self._league_entry(mid) for mid in self._frozen}
+        checkpoint.save(path, frozen, self._policystore_settings().store(), kwargs.get("filesystem"))
+        return path
+
+    def restore_from_path(self, path: Any, **kwargs: Any) -> None:
+        """Restore RLlib's state, then re-publish the checkpoint's frozen snapshots as the league."""
+        super().restore_from_path(path, **kwargs)
+        settings = self._policystore_settings()
+        frozen = checkpoint.load(path, settings, kwargs.get("filesystem"))
+        if frozen is None:  # a checkpoint written without the store: keep the league as it is
+            return
+        registry.replace(settings.league, frozen, self.config.policy_mapping_fn, self.config.policies_to_train)
+        self.sync_league()
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _policystore_settings(self) -> PolicyStoreCallback:
+        for callback in self._callbacks:
+            if isinstance(callback, PolicyStoreCallback):
+                return callback
+        raise TypeError(
+            f"{type(self).__name__} needs policystore.rllib.PolicyStoreCallback among config.callbacks (it "
+            "names the league and the store settings); build the config with "
+            "policystore.rllib.with_policystore(config)"
+        )
+
+    def _league_entry(self, module_id: str) -> FrozenEntry:
+        return self._league_state.frozen[module_id]
+
+    def _apply_league(self, state: LeagueState) -> bool:
+        """Match ``state``; False if a snapshot is not in the store (yet), to be retried."""
+        self._league_state = state
+        complete = True
+        for module_id in [mid for mid in self._frozen if mid not in state.frozen]:
+            self.module.remove_module(module_id, raise_err_if_not_found=False)
+            del self._frozen[module_id]
+            self._needs_initial_reset = True  # as RLlib's remove_module: no episode may keep a removed module
+        for module_id, entry in state.frozen.items():
+            if self._frozen.get(module_id) != entry.snapshot:
+                try:
+                    module = self._build_frozen(entry)
+                except UnknownPolicyError as exc:  # e.g. deleted while a restore re-publishes it
+                    logger.warning("frozen module %r not attached yet: %s", module_id, exc)
+                    complete = False
+                    continue
+                self.module.add_module(module_id, module, override=True)
+                self._frozen[module_id] = entry.snapshot
+        if state.mapping_fn is not None:
+            self.config.multi_agent(policy_mapping_fn=state.mapping_fn)
+        if state.policies_to_train is not None:
+            self.config.multi_agent(policies_to_train=state.policies_to_train)
+        return complete
+
+    def _build_frozen(self, entry: FrozenEntry) -> torch.nn.Module:
+        store = self._policystore_settings().store()
+        snapshot = entry.snapshot
+        if self._device is None or torch.device(self._device).type == "cpu":
+            return store.load_module(snapshot.policy_id, build=entry.spec.build, version=snapshot.version)
+        # A module on an accelerator cannot run on host views: one private device copy per EnvRunner.
+        module = entry.spec.build().to(self._device)
+        module.set_state(dict(store.get(snapshot.policy_id, version=snapshot.version)))
+        module.eval()
+        return module
+
+    def _without_frozen(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
+        modules = state.get(COMPONENT_RL_MODULE) if isinstance(state, Mapping) else None
+        if modules is None or not self._frozen:
+            return state
+        if isinstance(modules, ray.ObjectRef):
+            modules = ray.get(modules)
+        dropped = [mid for mid in modules if mid in self._frozen]
+        if dropped:
+            logger.debug("not loading broadcast state into frozen (store-backed) modules %s", dropped)
+        kept = {mid: s for mid, s in modules.items() if mid not in self._frozen}
+        return {**state, COMPONENT_RL_MODULE: kept}
+
+
+class SharedEnvRunner(SharedModulesMixin, MultiAgentEnvRunner):
+    """RLlib's MultiAgentEnvRunner with league-frozen modules as views into the node store."""

@@ -1,0 +1,39 @@
+"""with_policystore(config): the one config change that moves frozen league modules into the node stores."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.utils import force_list
+
+from ..ids import check_policy_id
+from .callback import PolicyStoreCallback
+from .env_runner import SharedEnvRunner, SharedModulesMixin
+
+
+def with_policystore(config: Any, *, league: str | None = None, store_config: Any = None) -> Any:
+    """Return ``config`` set up for store-backed frozen modules (RLlib is otherwise unchanged).
+
+    Sets ``env_runner_cls`` to SharedEnvRunner (a custom EnvRunner must already mix in SharedModulesMixin) and
+    adds a PolicyStoreCallback that names the league. Without ``league`` a fresh unique name is used, so two
+    Algorithms never share frozen modules by accident; pass the same name to share one league on purpose.
+    """
+    league = league or f"league-{uuid.uuid4().hex[:12]}"
+    check_policy_id(f"{league}.x")  # frozen snapshots are published as "<league>.<module_id>"
+    runner = config.env_runner_cls
+    if runner is None:
+        config.env_runners(env_runner_cls=SharedEnvRunner)
+    elif not issubclass(runner, SharedModulesMixin):
+        raise TypeError(
+            f"env_runner_cls {runner.__name__} does not keep frozen modules in the store: define "
+            f"class My{runner.__name__}(policystore.rllib.SharedModulesMixin, {runner.__name__}) and use that"
+        )
+    callbacks = [c for c in force_list(config.callbacks_class) if c is not RLlibCallback]
+    if any(isinstance(c, functools.partial) and c.func is PolicyStoreCallback or c is PolicyStoreCallback
+           for c in callbacks):
+        raise ValueError("config already has a PolicyStoreCallback; call with_policystore() once per config")
+    store_callback = functools.partial(PolicyStoreCallback, league=league, store_config=store_config)
+    return config.callbacks(callbacks_class=[*callbacks, store_callback])

@@ -1,0 +1,196 @@
+"""Several Ray nodes on one machine (ray.cluster_utils.Cluster): a store per node, cross-node fetch, faults."""
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+import torch
+from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+import policystore
+from policystore import StoreConfig
+
+MiB = 1024 * 1024
+STORE_MEMORY = 400 * MiB
+
+
+def filled(version: int, mib: float = 1.0) -> dict[str, torch.Tensor]:
+    """Two tensors whose every element is ``version``: a torn or mixed read cannot go unnoticed."""
+    n = int(mib * MiB) // 8
+    return {"a": torch.full((n,), float(version)), "b": torch.full((n,), float(version))}
+
+
+@ray.remote(num_cpus=0.05)
+class Peer:
+    """A worker process on one node, using that node's store through its own client."""
+
+    def node_and_store(self) -> tuple[str, str]:
+        store = policystore.connect()
+        return ray.get_runtime_context().get_node_id(), store.node_id
+
+    def publish(self, policy_id: str, version_value: int, mib: float = 1.0, durable: bool = False) -> int:
+        return policystore.connect().publish(policy_id, filled(version_value, mib), durable=durable).version
+
+    def get(self, policy_id: str, version: int | None = None) -> tuple[int, float, float]:
+        policystore.client._snapshots.clear()  # force a trip to the store, as a fresh reader would
+        snap = policystore.connect().get(policy_id, version)
+        return snap.id.version, float(snap["a"].min()), float(snap["b"].max())
+
+    def hold(self, policy_id: str) -> int:
+        self.held = policystore.connect().get(policy_id)
+        return self.held.id.version
+
+    def held_value(self) -> float:
+        return float(self.held["a"].sum())
+
+    def latest(self, policy_id: str) -> int:
+        return policystore.connect().list(policy_id)[-1].id.version
+
+    def stats(self) -> dict:
+        return policystore.connect().stats()
+
+    def store_pid(self) -> int:
+        store = policystore.connect()
+        return ray.get(store._actor.__ray_call__.remote(lambda self: os.getpid()))
+
+    def read_loop(self, policy_id: str, seconds: float) -> tuple[int, list[int], list[str]]:
+        """Read the latest version over and over: every snapshot must be whole and versions must never go back."""
+        store, versions, problems = policystore.connect(), [], []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                snap = store.get(policy_id)
+            except policystore.UnknownPolicyError:
+                time.sleep(0.01)
+                continue
+            v = snap.id.version
+            if not (snap["a"] == v).all() or not (snap["b"] == v).all():
+                problems.append(f"v{v} torn: a in [{snap['a'].min()}, {snap['a'].max()}]")
+            if versions and v < versions[-1]:
+                problems.append(f"went back from v{versions[-1]} to v{v}")
+            versions.append(v)
+        return len(versions), sorted(set(versions)), problems
+
+
+def on(node_id: str, **options):
+    return Peer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **options).remote()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    durable = tmp_path_factory.mktemp("durable")
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": STORE_MEMORY})
+    for _ in range(2):
+        c.add_node(num_cpus=1, object_store_memory=STORE_MEMORY)
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="warning")
+    config = StoreConfig(durable_uri=str(durable))
+    stores = policystore.connect_all(config)
+    yield c, config, stores
+    ray.shutdown()
+    c.shutdown()
+
+
+def node_ids(c: Cluster) -> list[str]:
+    return [c.head_node.node_id] + [n.node_id for n in c.worker_nodes]
+
+
+def test_every_node_gets_its_own_store_including_late_joiners(cluster):
+    c, config, stores = cluster
+    assert set(stores) == set(node_ids(c))
+    peers = [on(n) for n in node_ids(c)]
+    for node, store_node in ray.get([p.node_and_store.remote() for p in peers]):
+        assert node == store_node
+    late = c.add_node(num_cpus=1, object_store_memory=STORE_MEMORY)
+    c.wait_for_nodes()
+    stores = policystore.connect_all(config)
+    assert late.node_id in stores
+    assert ray.get(on(late.node_id).node_and_store.remote()) == (late.node_id, late.node_id)
+    c.remove_node(late)
+
+
+def test_publish_on_one_node_fetch_once_per_node_and_agree(cluster):
+    c, _, _ = cluster
+    a, b, d = node_ids(c)
+    assert ray.get(on(a).publish.remote("agree", 1)) == 1
+    assert ray.get(on(a).publish.remote("agree", 2)) == 2
+    # As soon as publish returns, every node sees the same latest version.
+    assert ray.get([on(n).latest.remote("agree") for n in (a, b, d)]) == [2, 2, 2]
+    readers_b = [on(b) for _ in range(3)]
+    assert ray.get([r.get.remote("agree") for r in readers_b]) == [(2, 2.0, 2.0)] * 3
+    stats_b = ray.get(readers_b[0].stats.remote())
+    assert stats_b["fetches"] == 1  # the bytes crossed once; the other readers were served from B's copy
+    assert ray.get(on(d).get.remote("agree", 1)) == (1, 1.0, 1.0)
+
+
+def test_copies_survive_the_loss_of_the_publishing_node(cluster):
+    c, _, _ = cluster
+    a, b, d = node_ids(c)
+    doomed = c.add_node(num_cpus=1, object_store_memory=STORE_MEMORY)
+    c.wait_for_nodes()
+    publisher = on(doomed.node_id)
+    ray.get(publisher.publish.remote("fetched", 7))
+    ray.get(publisher.publish.remote("durable_only", 8, durable=True))
+    assert ray.get(on(b).get.remote("fetched")) == (1, 7.0, 7.0)  # B takes its own copy now
+    c.remove_node(doomed)
+    assert ray.get(on(b).get.remote("fetched")) == (1, 7.0, 7.0)  # B's copy does not depend on the lost node
+    assert ray.get(on(d).get.remote("durable_only")) == (1, 8.0, 8.0)  # served from the durable tier
+
+
+def test_sigkilled_store_restarts_and_readers_retry(cluster):
+    c, _, _ = cluster
+    a, b, _ = node_ids(c)
+    ray.get(on(a).publish.remote("survivor", 3, durable=True))
+    reader = on(b)
+    assert ray.get(reader.hold.remote("survivor")) == 1
+    before = ray.get(reader.held_value.remote())
+    os.kill(ray.get(reader.store_pid.remote()), signal.SIGKILL)
+    start = time.monotonic()
+    assert ray.get(reader.get.remote("survivor")) == (1, 3.0, 3.0)  # retried through the restart
+    assert time.monotonic() - start < policystore.client.RETRY_TIMEOUT_S
+    assert ray.get(reader.held_value.remote()) == before  # views taken before the kill stay valid
+    assert ray.get(reader.store_pid.remote()) != 0
+
+
+def test_kill_during_publish_leaves_the_snapshot_whole_or_absent(cluster):
+    c, _, _ = cluster
+    _, b, d = node_ids(c)
+    publisher = on(b)
+    ray.get(publisher.node_and_store.remote())
+    pending = publisher.publish.remote("halfway", 5, mib=160, durable=True)
+    time.sleep(1.0)
+    os.kill(ray.get(on(b).store_pid.remote()), signal.SIGKILL)
+    try:
+        ray.get(pending)
+        published = True
+    except (ray.exceptions.RayError, policystore.PolicyStoreError):
+        published = False
+    versions = [i.id.version for i in policystore.connect(node_id=d).list() if i.id.policy_id == "halfway"]
+    if published:
+        assert versions == [1]
+    if versions:  # complete: every node can fetch it and it verifies
+        assert ray.get(on(d).get.remote("halfway")) == (1, 5.0, 5.0)
+        policystore.connect(node_id=d).verify("halfway")
+    else:
+        assert not published
+
+
+def test_32_readers_never_see_a_torn_snapshot_while_a_learner_publishes(cluster):
+    c, _, _ = cluster
+    nodes = node_ids(c)
+    readers = [on(nodes[i % len(nodes)]) for i in range(32)]
+    ray.get([r.node_and_store.remote() for r in readers])  # all started and connected
+    learner = on(nodes[0])
+    ray.get(learner.publish.remote("learner", 1, mib=0.5))
+    loops = [r.read_loop.remote("learner", 8.0) for r in readers]
+    published = [ray.get(learner.publish.remote("learner", v, mib=0.5)) for v in range(2, 12)]
+    assert published == list(range(2, 12))
+    results = ray.get(loops)
+    problems = [p for _, _, ps in results for p in ps]
+    assert not problems, problems[:5]
+    assert all(count > 0 for count, _, _ in results)
+    seen = set().union(*(set(v) for _, v, _ in results))
+    assert len(seen) > 1  # readers did observe new versions while the learner published

@@ -1,0 +1,185 @@
+"""policystore.rllib on real RLlib PPO (2 EnvRunners, two-agent CartPole): one Algorithm for the whole module.
+
+The tests run in file order and grow one league: freeze, train, broadcast, kill an EnvRunner, remove, learn,
+checkpoint and restore.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.rllib")
+
+import ray  # noqa: E402
+from ray.rllib.algorithms.algorithm import Algorithm  # noqa: E402
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec  # noqa: E402
+
+import policystore  # noqa: E402
+from benchmarks.rllib_memory import init_ray, opponent_mapping, ppo_config  # noqa: E402
+from policystore.rllib import NotFrozenError, add_frozen, frozen_modules, remove_frozen  # noqa: E402
+
+pytestmark = pytest.mark.rllib
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def algo():
+    init_ray(object_store_bytes=1_000_000_000, extra_paths=[TESTS])
+    algorithm = ppo_config(env_runners=2, hidden=16).build_algo()
+    algorithm.first_return = main_return(algorithm.train())  # the untrained policy, for the learning test
+    yield algorithm
+    algorithm.stop()
+    ray.shutdown()
+
+
+def main_return(result) -> float:
+    return float(result["env_runners"]["module_episode_returns_mean"]["main"])
+
+
+def freeze(algorithm, *module_ids: str) -> None:
+    """Freeze copies of main; agent 1 then plays the newest one."""
+    for module_id in module_ids:
+        if module_id not in frozen_modules(algorithm):
+            add_frozen(algorithm, module_id, "main", new_agent_to_module_mapping_fn=opponent_mapping(module_id))
+
+
+def stored_bytes(algorithm) -> dict[str, dict[str, bytes]]:
+    """Every frozen snapshot's bytes as the node store holds them (after verifying its checksum)."""
+    store = policystore.connect()
+    out = {}
+    for module_id, sid in frozen_modules(algorithm).items():
+        store.verify(sid.policy_id, sid.version)
+        out[module_id] = {k: v.numpy().tobytes() for k, v in store.get(sid.policy_id, sid.version).items()}
+    return out
+
+
+def held_views(runner) -> dict[str, tuple]:
+    """On an EnvRunner: for each frozen module, the snapshot it views and whether all its tensors are views."""
+    return {
+        mid: (
+            tuple(runner.module[mid].policystore_snapshot.id),
+            all(isinstance(t, policystore.SharedTensor) for t in runner.module[mid].state_dict().values()),
+        )
+        for mid in runner.frozen_modules()
+    }
+
+
+def held_bytes(runner) -> dict[str, dict[str, bytes]]:
+    return {
+        mid: {k: v.numpy().tobytes() for k, v in runner.module[mid].state_dict().items()}
+        for mid in runner.frozen_modules()
+    }
+
+
+def all_runners(algorithm, func):
+    return algorithm.env_runner_group.foreach_env_runner(func, local_env_runner=True)
+
+
+def test_frozen_modules_are_store_views_and_stay_off_the_learners(algo):
+    freeze(algo, "main_v1", "main_v2")
+    league = {mid: (tuple(sid), True) for mid, sid in frozen_modules(algo).items()}
+    assert set(league) == {"main_v1", "main_v2"}
+    views = all_runners(algo, held_views)
+    assert len(views) == 3 and all(v == league for v in views)  # local + 2 remote EnvRunners
+    learner_modules = algo.learner_group.foreach_learner(lambda learner: sorted(learner.module.keys()))
+    assert [r.get() for r in learner_modules] == [["main", "main_v0"]]
+
+    result = algo.train()  # PPO's GAE would raise KeyError('main_v2') without the learner-connector piece
+    sampled = result["env_runners"]["num_module_steps_sampled"]
+    assert sampled.get("main_v2", 0) > 0 and sampled.get("main", 0) > 0
+    assert "main" in result["learners"] and "main_v2" not in result["learners"]
+
+
+def test_rllib_broadcast_paths_never_write_into_views(algo):
+    freeze(algo, "main_v1", "main_v2")
+    before = stored_bytes(algo)
+    assert all_runners(algo, held_bytes) == [before] * 3
+
+    algo.train()  # sync_weights after the update
+    algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True)
+    algo.add_module("extra", RLModuleSpec.from_module(algo.get_module("main")))  # broadcasts every module
+    algo.remove_module("extra")  # and again
+    algo.set_state(algo.get_state())  # full round trip: Learner state, then sync to every EnvRunner
+    store = policystore.connect()
+    forged = {"rl_module": {}, "weights_seq_no": 0}
+    for mid, sid in frozen_modules(algo).items():
+        snap = store.get(sid.policy_id, sid.version)
+        forged["rl_module"][mid] = {k: np.full(tuple(v.shape), 7.0, np.float32) for k, v in snap.items()}
+    all_runners(algo, lambda runner: runner.set_state(forged))  # a state that names the frozen ids outright
+
+    assert stored_bytes(algo) == before
+    assert all_runners(algo, held_bytes) == [before] * 3
+    # Without the EnvRunner's filter RLlib's own load would hit the views; the store's guard refuses it.
+    with pytest.raises(policystore.ReadOnlyWeightsError):
+        algo.env_runner.module["main_v1"].set_state(forged["rl_module"]["main_v1"])
+    assert stored_bytes(algo) == before
+
+
+def test_killed_env_runner_comes_back_with_frozen_modules_and_matchmaking(algo):
+    freeze(algo, "main_v1", "main_v2")
+    league = {mid: (tuple(sid), True) for mid, sid in frozen_modules(algo).items()}
+    before = stored_bytes(algo)
+    actor = algo.env_runner_group._worker_manager._actors[1]
+    old_pid = ray.get(actor.apply.remote(lambda runner: os.getpid()))
+    ray.kill(actor, no_restart=False)
+
+    deadline = time.monotonic() + 60
+    while True:  # Ray restarts it from its original config; RLlib has not touched it yet
+        try:
+            pid = ray.get(actor.apply.remote(lambda runner: os.getpid()), timeout=10)
+            if pid != old_pid:
+                break
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        assert time.monotonic() < deadline, "Ray did not restart the EnvRunner"
+        time.sleep(0.5)
+    assert ray.get(actor.apply.remote(held_views)) == league
+    # The original config maps agent 1 to main_v0; the league's current matchmaking maps it to main_v2.
+    assert ray.get(actor.apply.remote(lambda runner: runner.config.policy_mapping_fn(1, None))) == "main_v2"
+
+    algo.train()  # RLlib's restore_env_runners syncs the restarted runner from the local one
+    assert algo.env_runner_group.num_healthy_remote_workers() == 2
+    assert all_runners(algo, held_views) == [league] * 3
+    assert stored_bytes(algo) == before
+
+
+def test_remove_frozen_drops_the_module_everywhere(algo):
+    freeze(algo, "main_v1", "main_v2")
+    remove_frozen(algo, "main_v1", new_agent_to_module_mapping_fn=opponent_mapping("main_v2"))
+    assert set(frozen_modules(algo)) == {"main_v2"}
+    assert all("main_v1" not in keys for keys in all_runners(algo, lambda runner: list(runner.module.keys())))
+    algo.train()
+    with pytest.raises(NotFrozenError, match="main_v1"):
+        remove_frozen(algo, "main_v1")
+
+
+def test_ppo_still_learns_with_a_store_backed_league(algo):
+    freeze(algo, "main_v2", "main_v3")
+    returns = []
+    while len(returns) < 15 and (len(returns) < 3 or np.mean(returns[-3:]) < 3 * algo.first_return):
+        returns.append(main_return(algo.train()))
+    assert np.mean(returns[-3:]) >= 3 * algo.first_return, (algo.first_return, returns)
+
+
+def test_checkpoint_restore_keeps_frozen_snapshots_bitwise(algo, tmp_path):
+    freeze(algo, "main_v2", "main_v3")
+    saved = stored_bytes(algo)
+    path = algo.save_to_path(tmp_path / "ckpt")
+    store = policystore.connect()
+    for sid in frozen_modules(algo).values():  # the store forgets them: only the checkpoint can bring them back
+        store.delete(sid.policy_id)
+
+    restored = Algorithm.from_checkpoint(path)
+    try:
+        assert stored_bytes(restored) == saved
+        assert all_runners(restored, held_bytes) == [saved] * 3
+        restored.train()
+        assert all_runners(restored, held_bytes) == [saved] * 3
+        assert stored_bytes(restored) == saved
+    finally:
+        restored.stop()
