@@ -232,10 +232,14 @@ def compute_checksum(header: Header, buf: np.ndarray | memoryview) -> str:
 def verify_buffer(buf: np.ndarray | memoryview, *, name: str) -> Header:
     """Parse ``buf`` and check its data against the recorded checksum; raise CorruptSnapshotError if not."""
     header = parse_header(buf, name=name)
-    actual = compute_checksum(header, buf)
+    check_checksum(header, compute_checksum(header, buf), name)
+    return header
+
+
+def check_checksum(header: Header, actual: str, name: str) -> None:
+    """Raise CorruptSnapshotError naming ``name`` unless ``actual`` is the checksum recorded in ``header``."""
     if not header.checksum or actual != header.checksum:
         raise CorruptSnapshotError(
             f"{name}: checksum mismatch (recorded {header.checksum or 'none'}, computed {actual}): "
             "the bytes changed after publish"
         )
-    return header

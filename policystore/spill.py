@@ -9,10 +9,15 @@ The checksum is recomputed while writing and again on every read, so a corrupt f
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
+import mmap
 import os
+import queue
 import re
+import threading
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +25,14 @@ import lz4.frame
 import numpy as np
 
 from .errors import CorruptSnapshotError, DiskFullError
-from .format import Header, checksum_of, iter_data, parse_header, verify_buffer
+from .format import (
+    Header,
+    check_checksum,
+    checksum_of,
+    iter_data,
+    parse_header,
+    verify_buffer,
+)
 from .ids import SnapshotId
 
 log = logging.getLogger(__name__)
@@ -137,32 +149,33 @@ class DiskTier:
 
     # ---- reading -------------------------------------------------------------------------------------------
     def read(self, file: SpillFile, what: str) -> np.ndarray:
-        """The snapshot's buffer, checksum verified; CorruptSnapshotError (naming ``what``) otherwise."""
+        """The snapshot's buffer, checksum verified; CorruptSnapshotError (naming ``what``) otherwise.
+
+        A raw file is not copied at all: the buffer is a read-only map of the file (the kernel reads ahead while
+        the checksum runs), and the store's ``ray.put`` copies it from the page cache straight into shared memory.
+        Spill files are never changed in place (atomic rename; removal unlinks), so the map stays valid. An lz4
+        file is decompressed into one buffer by a helper thread while this thread checksums what has arrived.
+        """
         try:
-            if file.compressed:
-                with lz4.frame.open(file.path, "rb") as f:
-                    data = f.read()
-                buf = np.frombuffer(data, dtype=np.uint8)
-            else:
-                buf = np.empty(file.path.stat().st_size, dtype=np.uint8)
-                with open(file.path, "rb", buffering=0) as f:
-                    view, got = memoryview(buf), 0
-                    while got < len(buf):
-                        n = f.readinto(view[got : got + _READ_CHUNK])
-                        if not n:
-                            break
-                        got += n
-                if got != len(buf):
-                    raise CorruptSnapshotError(f"{what}: {file.path} is truncated ({got} of {len(buf)} bytes)")
+            with open(file.path, "rb", buffering=0) as f:
+                if not file.compressed:
+                    buf = _map_readonly(f)
+                    verify_buffer(buf, name=what)
+                    return buf
+                size = _lz4_content_size(f)
+                if not size:  # a frame written without its size: decompress, then verify
+                    buf = np.frombuffer(lz4.frame.decompress(f.read()), dtype=np.uint8)
+                    verify_buffer(buf, name=what)
+                    return buf
+                buf = np.empty(size, dtype=np.uint8)
+                _verify_while_filling(buf, lambda progress: _lz4_fill(f, buf, progress), what)
+                return buf
         except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
             raise CorruptSnapshotError(f"{what}: {file.path} is not a valid lz4 frame ({exc})") from None
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{what}: its spill file {file.path} has disappeared") from None
-        try:
-            verify_buffer(buf, name=what)
         except CorruptSnapshotError as exc:
             raise CorruptSnapshotError(f"{exc} [file {file.path}]") from None
-        return buf
 
     def scan(self) -> list[DiskEntry]:
         """Every committed snapshot file under the root (headers only); stray temp files are removed."""
@@ -198,6 +211,82 @@ def _read_header(file: SpillFile, what: str) -> Header:
     except (RuntimeError, EOFError, OSError) as exc:
         raise CorruptSnapshotError(f"{what}: cannot read the header of {file.path} ({exc})") from None
     return parse_header(head, name=what, total=total)
+
+
+def _lz4_content_size(f) -> int:
+    """The uncompressed size recorded in an lz4 frame header (0 if the writer did not record it)."""
+    size = int(lz4.frame.get_frame_info(f.read(32))["content_size"])
+    f.seek(0)
+    return size
+
+
+def _map_readonly(f) -> np.ndarray:
+    """The whole file as a read-only uint8 array over an mmap, read ahead in the background."""
+    size = os.fstat(f.fileno()).st_size
+    if not size:
+        return np.empty(0, dtype=np.uint8)
+    mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+    mapped.madvise(mmap.MADV_SEQUENTIAL)
+    mapped.madvise(mmap.MADV_WILLNEED)
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def _lz4_fill(f, buf: np.ndarray, progress: Callable[[int], None]) -> int:
+    decompressor = lz4.frame.LZ4FrameDecompressor()
+    got = 0
+    while not decompressor.eof:
+        data = f.read(_READ_CHUNK // 4)  # compressed bytes: keep the decompressed pieces a few MiB
+        if not data:
+            break
+        out = decompressor.decompress(data)
+        if got + len(out) > len(buf):
+            raise RuntimeError(f"the frame holds more than the {len(buf)} bytes its header records")
+        buf[got : got + len(out)] = np.frombuffer(out, dtype=np.uint8)
+        got += len(out)
+        progress(got)
+    return got
+
+
+def _verify_while_filling(buf: np.ndarray, fill: Callable[[Callable[[int], None]], int], what: str) -> None:
+    """Run ``fill`` on a helper thread and check the recorded checksum over ``buf`` while it fills.
+
+    ``fill(progress)`` writes ``buf`` front to back, calls ``progress(end)`` as bytes land and returns how many
+    it wrote; this thread checksums each landed span meanwhile (lz4 and zlib.crc32 release the GIL, so the two
+    passes overlap instead of adding up). CorruptSnapshotError naming ``what`` on a short or damaged file.
+    """
+    arrived: queue.SimpleQueue = queue.SimpleQueue()
+
+    def work() -> None:
+        try:
+            arrived.put(("done", fill(arrived.put)))
+        except BaseException as exc:  # handed to this thread, which re-raises it
+            arrived.put(("error", exc))
+
+    def landed() -> Iterator[int]:
+        while not isinstance(item := arrived.get(), tuple):
+            yield item
+        kind, value = item
+        if kind == "error":
+            raise value
+        if value != len(buf):
+            raise CorruptSnapshotError(f"{what}: file is truncated (only {value} of {len(buf)} bytes arrived)")
+
+    threading.Thread(target=work, name="policystore-restore", daemon=True).start()
+    view = memoryview(buf)
+    progress, filled = landed(), 0
+    for filled in progress:  # the header first: it says where the data starts and what it must hash to
+        if filled >= 8 and filled >= 8 + int.from_bytes(view[:8], "little"):
+            break
+    header = parse_header(view[:filled], name=what, total=len(buf))
+
+    def data() -> Iterator[memoryview]:
+        start = header.data_offset
+        for end in itertools.chain([filled], progress):
+            if end > start:
+                yield view[start:end]
+                start = end
+
+    check_checksum(header, checksum_of(header, data()), what)
 
 
 def _first_bytes(path: Path, n: int = 32) -> bytes:

@@ -1,0 +1,63 @@
+"""pytest-benchmark microbenchmarks of the snapshot format: pack, header parse, checksum, view creation.
+
+Not part of the default test run (pytest's testpaths is tests/). Run them with
+    python -m pytest benchmarks/test_format_bench.py --benchmark-enable
+Without --benchmark-enable (the project default) each runs once, as a quick correctness pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.nets import NetSpec, random_weights
+from policystore.format import compute_checksum, pack, parse_header, verify_buffer
+from policystore.views import build_on_views, tensor_views
+
+MiB = 1024 * 1024
+SIZES = [1, 16]
+
+
+@pytest.fixture(scope="module", params=SIZES, ids=[f"{s}MiB" for s in SIZES])
+def case(request):
+    spec = NetSpec.for_bytes("mlp", request.param * MiB)
+    weights = random_weights(spec, 0)
+    buf = pack(weights, policy_id="bench")
+    return spec, weights, buf, parse_header(buf, name="bench")
+
+
+def test_pack(benchmark, case):
+    spec, weights, buf, _ = case
+    out = benchmark(pack, weights, policy_id="bench")
+    assert len(out) == len(buf)
+
+
+def test_parse_header(benchmark, case):
+    _, weights, buf, _ = case
+    header = benchmark(parse_header, buf, name="bench")
+    assert set(header.tensors) == set(weights)
+
+
+def test_checksum(benchmark, case):
+    _, _, buf, header = case
+    assert benchmark(compute_checksum, header, buf) == header.checksum
+
+
+def test_verify_buffer(benchmark, case):
+    _, _, buf, header = case
+    assert benchmark(verify_buffer, buf, name="bench").checksum == header.checksum
+
+
+def test_tensor_views(benchmark, case):
+    _, weights, buf, header = case
+    views = benchmark(tensor_views, buf, header, "bench")
+    name = next(iter(weights))
+    assert torch.equal(views[name], weights[name])
+
+
+def test_build_on_views(benchmark, case):
+    spec, _, buf, header = case
+    views = tensor_views(buf, header, "bench")
+    module = benchmark(build_on_views, spec, views, "bench")
+    with torch.no_grad():
+        assert module(spec.example_input()).shape == (1, 16)
