@@ -1,0 +1,155 @@
+"""Connect Four rules: wins in all four directions, draws, illegal moves, spaces, scripted players."""
+
+import numpy as np
+import pytest
+
+from trainer.baselines import random_player, win_block_player, winning_columns
+from trainer.connect4 import COLS, ROWS, VecConnectFour, canonical, is_win
+
+
+def play(env: VecConnectFour, columns: list[int], game: int = 0):
+    done = winner = None
+    for c in columns:
+        done, winner = env.step(np.array([c]), np.array([game]))
+    return bool(done[0]), int(winner[0])
+
+
+@pytest.mark.parametrize("moves, winner", [
+    ([0, 1, 0, 1, 0, 1, 0], 1),                 # vertical
+    ([0, 0, 1, 1, 2, 2, 3], 1),                 # horizontal, bottom row
+    ([0, 1, 1, 2, 2, 3, 2, 3, 3, 6, 3], 1),     # diagonal rising to the right
+    ([6, 5, 5, 4, 4, 3, 4, 3, 3, 0, 3], 1),     # diagonal rising to the left
+    ([6, 0, 6, 1, 6, 2, 5, 3], 2),              # second player, horizontal
+    ([3, 4, 3, 4, 3, 4, 5, 4], 2),              # second player, vertical at the top half
+])
+def test_four_in_a_row_wins_in_every_direction(moves, winner):
+    env = VecConnectFour(1)
+    for i, c in enumerate(moves[:-1]):
+        done, w = play(env, [c])
+        assert not done and w == 0, f"game ended early at move {i}"
+    assert play(env, moves[-1:]) == (True, winner)
+    assert env.legal_mask().sum() == 0  # a finished game has no legal moves
+
+
+def test_horizontal_wins_do_not_wrap_around_columns():
+    # Column 6's stones and column 0's must not connect through the sentinel bit between columns.
+    env = VecConnectFour(1)
+    moves = [6, 0, 6, 0, 6, 0, 5, 6, 1, 6, 1, 6, 2]  # column 6 filled, then 3 stones on the bottom row
+    for c in moves:
+        done, _ = play(env, [c])
+        assert not done
+    assert not is_win(env.bits).any()
+
+
+def test_full_board_without_four_is_a_draw():
+    # Column order that fills the board with no four in a row (a classic drawn filling).
+    order = [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 6, 6, 6, 6, 6, 6,
+             1, 0, 1, 0, 1, 0, 3, 2, 3, 2, 3, 2, 5, 4, 5, 4, 5, 4]
+    env = VecConnectFour(1)
+    for i, c in enumerate(order):
+        done, winner = play(env, [c])
+        assert done == (i == len(order) - 1), f"move {i}"
+    assert winner == 0 and env.done[0] and env.moves[0] == ROWS * COLS
+
+
+def test_illegal_moves_are_rejected_and_leave_the_game_untouched():
+    env = VecConnectFour(2)
+    for _ in range(ROWS):
+        env.step(np.array([3]), np.array([0]))
+    before = env.boards.copy()
+    with pytest.raises(ValueError, match="column 3 is full in game 0"):
+        env.step(np.array([3, 0]), np.array([0, 1]))
+    with pytest.raises(ValueError, match="column 7 is outside"):
+        env.step(np.array([7]), np.array([1]))
+    with pytest.raises(ValueError, match="column -1 is outside"):
+        env.step(np.array([-1]), np.array([1]))
+    with pytest.raises(ValueError, match="duplicates"):
+        env.step(np.array([1, 2]), np.array([1, 1]))
+    np.testing.assert_array_equal(env.boards, before)
+    play(env, [0, 1, 0, 1, 0, 1, 0], game=1)
+    with pytest.raises(ValueError, match="game 1 is finished"):
+        env.step(np.array([5]), np.array([1]))
+
+
+def test_batch_steps_games_independently_and_reset_clears():
+    env = VecConnectFour(3)
+    env.step(np.array([0, 6, 3]))
+    env.step(np.array([1, 5]), np.array([0, 2]))
+    assert env.boards[0, ROWS - 1, 0] == 1 and env.boards[0, ROWS - 1, 1] == 2
+    assert env.boards[1, ROWS - 1, 6] == 1 and env.to_move.tolist() == [1, 2, 1]
+    assert env.boards[2, ROWS - 1, 3] == 1 and env.boards[2, ROWS - 1, 5] == 2
+    env.reset(np.array([0]))
+    assert env.boards[0].sum() == 0 and env.to_move[0] == 1 and env.boards[2].sum() == 3
+
+
+def test_spaces_contain_observations():
+    env = VecConnectFour(4)
+    env.step(np.array([0, 1, 2, 3]))
+    obs = env.observe()
+    assert env.observation_space.contains(obs)
+    assert env.single_observation_space.contains({k: v[0] for k, v in obs.items()})
+    assert env.single_action_space.n == COLS and env.action_space.shape == (4,)
+
+
+def test_from_boards_round_trips_and_validates():
+    env = VecConnectFour(1)
+    play(env, [3, 3, 2, 4, 1])
+    rebuilt = VecConnectFour.from_boards(env.boards[0], to_move=2)
+    np.testing.assert_array_equal(rebuilt.bits, env.bits)
+    np.testing.assert_array_equal(rebuilt.heights, env.heights)
+    # The rebuilt game continues like the original: player 2 blocks nothing, player 1 then wins at column 0.
+    assert play(rebuilt, [6, 0]) == (True, 1)
+    floating = np.zeros((ROWS, COLS), np.int8)
+    floating[0, 0] = 1
+    with pytest.raises(ValueError, match="floating stone"):
+        VecConnectFour.from_boards(floating)
+    two_stones = np.zeros((ROWS, COLS), np.int8)
+    two_stones[-1, :2] = 1
+    with pytest.raises(ValueError, match="impossible stone counts"):
+        VecConnectFour.from_boards(two_stones)
+    with pytest.raises(ValueError, match="player 2 is not to move"):
+        VecConnectFour.from_boards(np.zeros((ROWS, COLS), np.int8), to_move=2)
+    with pytest.raises(ValueError, match="shape"):
+        VecConnectFour.from_boards(np.zeros((7, 6), np.int8))
+
+
+def test_canonical_planes_are_from_the_movers_view():
+    env = VecConnectFour(1)
+    play(env, [3, 4])
+    planes = canonical(env.boards, env.to_move)  # player 1 to move
+    assert planes[0, 0, ROWS - 1, 3] == 1 and planes[0, 1, ROWS - 1, 4] == 1 and planes.sum() == 2
+
+
+def test_win_block_player_takes_wins_then_blocks():
+    env = VecConnectFour(2)
+    play(env, [0, 6, 0, 6, 0], game=0)       # player 2 to move; player 1 threatens column 0
+    play(env, [0, 6, 0, 6, 1, 6], game=1)    # player 1 to move; player 2 threatens column 6
+    rng = np.random.default_rng(0)
+    ids = np.array([0, 1])
+    acts = win_block_player(env, ids, rng)
+    assert acts[0] == 0                      # block the vertical threat
+    assert winning_columns(env, np.array([1]), np.array([1]))[0, 6]  # player 2 threatens column 6
+    assert acts[1] == 6                      # player 1 blocks it
+    play(env, [5], game=0)                   # player 2 does not block in game 0...
+    assert win_block_player(env, np.array([0]), rng)[0] == 0  # player 1 to move wins at column 0
+
+
+def test_scripted_players_only_play_legal_moves_to_the_end():
+    env = VecConnectFour(256)
+    rng = np.random.default_rng(1)
+    results = []
+    for player_1, player_2 in [(win_block_player, random_player), (random_player, win_block_player)]:
+        env.reset()
+        while not env.done.all():
+            ids = np.flatnonzero(~env.done)
+            mover = env.to_move[ids]
+            acts = np.empty(ids.size, np.int64)
+            for p, fn in ((1, player_1), (2, player_2)):
+                sel = mover == p
+                if sel.any():
+                    acts[sel] = fn(env, ids[sel], rng)
+            assert env.legal_mask(ids)[np.arange(ids.size), acts].all()
+            env.step(acts, ids)
+        results.append(env.winner.copy())
+    # The win/block player beats random by a wide margin in both seats.
+    assert (results[0] == 1).mean() > 0.8 and (results[1] == 2).mean() > 0.8

@@ -1,0 +1,285 @@
+"""League rules as unit tests: PFSP, decayed payoff, Elo, matchmaking, snapshot and reset triggers."""
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from trainer.elo import Elo
+from trainer.league import League, LeagueConfig, MatchResult
+from trainer.payoff import Payoff
+from trainer.pfsp import pfsp_probs, remove_monotonic_suffix
+
+# ---- PFSP ----------
+
+
+def test_pfsp_hard_and_var_match_their_formulas():
+    x = [0.2, 0.5, 1.0]
+    np.testing.assert_allclose(pfsp_probs(x, "hard"), np.array([0.64, 0.25, 0.0]) / 0.89)
+    np.testing.assert_allclose(pfsp_probs(x, "var"), np.array([0.16, 0.25, 0.0]) / 0.41)
+
+
+def test_pfsp_all_zero_weights_fall_back_to_uniform_not_nan():
+    np.testing.assert_allclose(pfsp_probs([1.0, 1.0], "hard"), [0.5, 0.5])
+    np.testing.assert_allclose(pfsp_probs([0.0, 1.0, 1.0], "var"), [1 / 3] * 3)
+
+
+@pytest.mark.parametrize("rates, match", [([], "non-empty"), ([0.5, 1.5], r"\[0, 1\]"),
+                                          ([float("nan")], r"\[0, 1\]")])
+def test_pfsp_rejects_bad_win_rates(rates, match):
+    with pytest.raises(ValueError, match=match):
+        pfsp_probs(rates)
+    with pytest.raises(ValueError, match="unknown PFSP weighting"):
+        pfsp_probs([0.5], "linear")
+
+
+def test_remove_monotonic_suffix_keeps_up_to_the_last_rise():
+    rates, names = remove_monotonic_suffix(np.array([0.9, 0.5, 0.8, 0.6, 0.4]), list("abcde"))
+    assert names == ["a", "b", "c"] and rates.tolist() == [0.9, 0.5, 0.8]
+    rates, names = remove_monotonic_suffix(np.array([0.9, 0.8, 0.7]), list("abc"))
+    assert names == [] and rates.size == 0
+
+
+# ---- payoff ----------
+
+
+def test_unseen_pair_counts_as_half():
+    payoff = Payoff()
+    payoff.add_player("a")
+    payoff.add_player("b")
+    assert payoff.win_rate("a", "b") == 0.5 and payoff.win_rate("b", "a") == 0.5
+    with pytest.raises(KeyError, match="unknown player 'c'"):
+        payoff.win_rate("a", "c")
+
+
+def test_payoff_decays_old_results_by_0_99_per_game():
+    payoff = Payoff()
+    for p in "ab":
+        payoff.add_player(p)
+    payoff.update("a", "b", wins=1, draws=0, losses=0)
+    payoff.update("a", "b", wins=0, draws=0, losses=1)
+    # Hand-computed pseudocode updates: games = 0.99 + 1, wins = 0.99.
+    assert payoff.win_rate("a", "b") == pytest.approx(0.99 / 1.99)
+    assert payoff.win_rate("b", "a") == pytest.approx(1.0 / 1.99)
+    payoff.update("a", "b", wins=0, draws=1, losses=0)
+    assert payoff.win_rate("a", "b") == pytest.approx((0.99 ** 2 + 0.5) / (0.99 ** 2 + 0.99 + 1))
+
+
+def test_payoff_batch_equals_sequential_updates_and_tracks_recent_form():
+    batch, single = Payoff(), Payoff()
+    for p in (batch, single):
+        p.add_player("a")
+        p.add_player("b")
+        p.update("a", "b", wins=0, draws=0, losses=50)
+    batch.update("a", "b", wins=30, draws=0, losses=0)
+    for _ in range(30):
+        single.update("a", "b", wins=1, draws=0, losses=0)
+    assert batch.win_rate("a", "b") == pytest.approx(single.win_rate("a", "b"))
+    # 30 recent wins after 50 older losses: decay makes the recent form count for more than 30/80.
+    assert batch.win_rate("a", "b") > 30 / 80 + 0.05
+    np.testing.assert_allclose(batch.matrix() + batch.matrix().T, np.ones((2, 2)))
+
+
+def test_payoff_rejects_bad_updates():
+    payoff = Payoff()
+    payoff.add_player("a")
+    with pytest.raises(ValueError, match="already"):
+        payoff.add_player("a")
+    with pytest.raises(ValueError, match="negative"):
+        payoff.update("a", "a", -1, 0, 0)
+    with pytest.raises(ValueError, match="decay"):
+        Payoff(decay=0.0)
+
+
+# ---- Elo ----------
+
+
+def test_elo_moves_ratings_towards_results_and_is_zero_sum():
+    elo = Elo(k=16)
+    for p in "ab":
+        elo.add(p)
+    elo.update("a", "b", wins=90, draws=0, losses=10)
+    assert elo.ratings["a"] == pytest.approx(1000 + 16 * 0.4)
+    assert elo.ratings["a"] + elo.ratings["b"] == pytest.approx(2000)
+    for _ in range(500):
+        elo.update("a", "b", wins=90, draws=0, losses=10)
+    # A 90% score settles near a 382-point gap (the Elo formula's value for 0.9).
+    assert elo.ratings["a"] - elo.ratings["b"] == pytest.approx(400 * np.log10(9), abs=5)
+    elo.update("a", "a", 5, 0, 0)  # self-play moves nothing
+    assert elo.ratings["a"] + elo.ratings["b"] == pytest.approx(2000)
+
+
+# ---- league ----------
+
+
+def serve(league: League) -> None:
+    """Publish every requested snapshot (what the trainer does with the learners)."""
+    for request in league.pop_requests():
+        league.add_snapshot(request)
+
+
+def set_rate(league: League, a: str, b: str, rate: float, games: int = 100) -> None:
+    wins = int(round(rate * games))
+    league.payoff.update(a, b, wins=wins, draws=0, losses=games - wins)
+
+
+def counts(league: League, learner: str, n: int = 4000) -> Counter:
+    return Counter(league.next_match(learner).opponent for _ in range(n))
+
+
+def test_league_starts_with_trainables_and_a_snapshot_request_per_main_agent():
+    league = League(LeagueConfig(main_agents=2, main_exploiters=1, league_exploiters=2))
+    assert league.trainable() == ["main_0", "main_1", "main_exploiter_0",
+                                "league_exploiter_0", "league_exploiter_1"]
+    requests = league.pop_requests()
+    assert [(r.player, r.name, r.reset) for r in requests] == [("main_0", "main_0.s0", False),
+                                                                ("main_1", "main_1.s0", False)]
+    assert league.pop_requests() == []  # handed out once
+    league.elo.ratings["main_0"] = 1234.0
+    league.add_snapshot(requests[0])
+    assert league.snapshots() == ["main_0.s0"] and league.elo.ratings["main_0.s0"] == 1234.0
+    with pytest.raises(ValueError, match="not requested"):
+        league.add_snapshot(requests[0])
+
+
+def test_learners_get_env_steps_in_proportion_to_their_shares():
+    league = League(LeagueConfig(main_share=0.5))
+    steps = Counter()
+    for _ in range(400):
+        match = league.next_match()
+        league.report(MatchResult(match.learner, match.opponent, 1, 0, 1, steps=100))
+        steps[match.learner] += 100
+    assert steps["main_0"] == pytest.approx(0.5 * 40_000, rel=0.02)
+    assert steps["main_exploiter_0"] == pytest.approx(0.25 * 40_000, rel=0.02)
+
+
+def test_main_agent_mixes_pfsp_and_self_play():
+    league = League(seed=1)
+    serve(league)
+    set_rate(league, "main_0", "main_0.s0", 0.9)
+    # PFSP branch (50%) picks the only snapshot; verification finds nothing forgotten (0.9 >= 0.7): self-play.
+    c = counts(league, "main_0")
+    assert c["main_0.s0"] / 4000 == pytest.approx(0.5, abs=0.03)
+    assert c["main_0"] / 4000 == pytest.approx(0.5, abs=0.03)
+    # A forgotten past self (beaten < 70%, and less often than a newer snapshot) also gets the 15%
+    # verification share.
+    league._request("main_0", reset=False)
+    serve(league)
+    set_rate(league, "main_0", "main_0.s0", 0.5, games=2000)
+    set_rate(league, "main_0", "main_0.s1", 0.9, games=2000)
+    c = counts(league, "main_0")
+    assert (c["main_0.s0"] + c["main_0.s1"]) / 4000 == pytest.approx(0.65, abs=0.03)
+    assert c["main_0.s0"] / 4000 == pytest.approx(0.65 * 0.25 / 0.26, abs=0.03)
+
+
+def test_main_agent_verifies_against_exploiters_it_loses_to():
+    league = League(seed=2)
+    serve(league)
+    league._request("main_exploiter_0", reset=True)
+    serve(league)
+    set_rate(league, "main_0", "main_0.s0", 0.95)
+    set_rate(league, "main_0", "main_exploiter_0.s0", 0.1)
+    c = counts(league, "main_0")
+    # PFSP-hard over both snapshots: weights 0.05^2 and 0.9^2; plus the whole 15% verification share.
+    pfsp_share = 0.81 / (0.81 + 0.0025)
+    assert c["main_exploiter_0.s0"] / 4000 == pytest.approx(0.5 * pfsp_share + 0.15, abs=0.03)
+
+
+def test_main_agent_losing_self_play_falls_back_to_the_opponents_snapshots():
+    league = League(LeagueConfig(main_agents=2, main_exploiters=0, league_exploiters=0), seed=3)
+    serve(league)
+    set_rate(league, "main_0", "main_1", 0.1)
+    set_rate(league, "main_0", "main_0.s0", 0.99)
+    set_rate(league, "main_0", "main_1.s0", 0.99)
+    c = counts(league, "main_0")
+    assert c["main_1"] == 0  # never plays the main agent it loses to
+    assert c["main_0"] > 0.15 * 4000  # self-play against itself still happens (half the coin tosses)
+
+
+def test_main_exploiter_plays_mains_until_it_cannot_win():
+    league = League(seed=4)
+    serve(league)
+    assert set(counts(league, "main_exploiter_0", 200)) == {"main_0"}
+    set_rate(league, "main_exploiter_0", "main_0", 0.05)
+    assert set(counts(league, "main_exploiter_0", 200)) == {"main_0.s0"}
+
+
+def test_league_exploiter_uses_pfsp_hard_over_snapshots():
+    league = League(seed=5)
+    serve(league)
+    league._request("main_exploiter_0", reset=True)
+    serve(league)
+    set_rate(league, "league_exploiter_0", "main_0.s0", 0.5)
+    set_rate(league, "league_exploiter_0", "main_exploiter_0.s0", 0.8)
+    c = counts(league, "league_exploiter_0")
+    assert c["main_0.s0"] / 4000 == pytest.approx(0.25 / (0.25 + 0.04), abs=0.03)
+
+
+def test_main_agent_snapshots_exactly_at_its_budget_and_never_resets():
+    league = League()
+    serve(league)
+    league.set_run_steps(100_000)
+    budget = league.budgets["main_0"]
+    assert budget == int(100_000 * 0.6 / 10)
+    league.report(MatchResult("main_0", "main_0", 10, 0, 10, steps=budget - 1))
+    assert league.pop_requests() == []
+    league.report(MatchResult("main_0", "main_0", 10, 0, 10, steps=1))
+    assert [(r.name, r.reset) for r in league.pop_requests()] == [("main_0.s1", False)]
+
+
+def test_main_exploiter_snapshots_early_when_beating_mains_and_always_resets():
+    league = League()
+    serve(league)
+    league.set_run_steps(100_000)
+    budget = league.budgets["main_exploiter_0"]
+    # Beating the main agent, but before half the budget: no snapshot yet.
+    league.report(MatchResult("main_exploiter_0", "main_0", 90, 0, 10, steps=budget // 2 - 1))
+    assert league.pop_requests() == []
+    league.report(MatchResult("main_exploiter_0", "main_0", 90, 0, 10, steps=1))
+    assert [(r.name, r.reset) for r in league.pop_requests()] == [("main_exploiter_0.s0", True)]
+    # One request at a time: further results do not ask again before the snapshot is added.
+    league.report(MatchResult("main_exploiter_0", "main_0", 90, 0, 10, steps=budget))
+    assert league.pop_requests() == []
+
+
+def test_league_exploiter_snapshots_at_budget_and_resets_a_quarter_of_the_time():
+    resets = []
+    for seed in range(400):
+        league = League(seed=seed)
+        serve(league)
+        league.set_run_steps(100_000)
+        budget = league.budgets["league_exploiter_0"]
+        league.report(MatchResult("league_exploiter_0", "main_0.s0", 5, 0, 5, steps=budget - 1))
+        assert league.pop_requests() == []
+        league.report(MatchResult("league_exploiter_0", "main_0.s0", 5, 0, 5, steps=1))
+        (request,) = league.pop_requests()
+        resets.append(request.reset)
+    assert np.mean(resets) == pytest.approx(0.25, abs=0.06)
+
+
+def test_league_state_round_trips_through_json_with_open_requests():
+    league = League(seed=6)
+    serve(league)
+    league.set_run_steps(50_000)
+    league.report(MatchResult("main_0", "main_0.s0", 30, 2, 8, steps=league.budgets["main_0"]))
+    (open_request,) = league.pop_requests()
+    restored = League.from_dict(json.loads(json.dumps(league.to_dict())), seed=6)
+    assert restored.summary() == league.summary()
+    np.testing.assert_allclose(restored.payoff.matrix(), league.payoff.matrix())
+    assert restored.budgets == league.budgets
+    # The request handed out before the save was never served: the restored league hands it out again.
+    assert restored.pop_requests() == [open_request]
+    restored.add_snapshot(open_request)
+    assert "main_0.s1" in restored.snapshots(parent="main_0")
+
+
+def test_league_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="at least one main agent"):
+        LeagueConfig(main_agents=0)
+    with pytest.raises(ValueError, match="main_share"):
+        LeagueConfig(main_share=1.5)
+    with pytest.raises(ValueError, match="frozen snapshot"):
+        league = League()
+        serve(league)
+        league.next_match("main_0.s0")

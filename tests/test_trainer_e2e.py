@@ -1,0 +1,96 @@
+"""End to end on a local Ray: a short league run learns, resumes, and its agent can be loaded and played."""
+
+import io
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from trainer.config import TrainConfig
+from trainer.play import play_game
+from trainer.policy import load_policy
+from trainer.run import train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run = tmp_path_factory.mktemp("e2e") / "run"
+    config = TrainConfig(minutes=0.6, num_cpus=2, object_store_mib=512, hot_capacity_mib=64, eval_games=100,
+                         eval_every_s=10.0, checkpoint_every_s=20.0)
+    train(run, config, console=Console(file=io.StringIO()))
+    return run
+
+
+def read(run, name):
+    return json.loads((run / name).read_text())
+
+
+def test_learning_happens(run_dir):
+    curve = read(run_dir, "curve.json")
+    assert len(curve) >= 3 and curve[0]["steps"] == 0
+    # The untrained net never beats win/block; 36 s of league training does, and beats random too.
+    assert curve[0]["win_winblock"] < 0.1
+    assert curve[-1]["win_winblock"] > curve[0]["win_winblock"] + 0.15
+    assert curve[-1]["win_random"] > 0.85
+    league = read(run_dir, "league.json")
+    kinds = [p["kind"] for p in league["players"]]
+    assert kinds.count("historical") >= 3  # the main agent's first snapshot and some taken on budget
+    report = read(run_dir, "report/report.json")
+    assert report["env_steps"] > 0 and report["memory"]["frozen_snapshots"] == kinds.count("historical")
+    assert all((run_dir / "report" / f).stat().st_size > 0 for f in ("payoff.png", "curve.png", "players.md"))
+
+
+def test_resume_continues_the_run(run_dir):
+    before = read(run_dir, "league.json")
+    evaluations = len(read(run_dir, "curve.json"))
+    elapsed = read(run_dir, "state.json")["elapsed_s"]
+    updates = read(run_dir, "checkpoints/main_0.json")["updates"]
+    train(run_dir, resume=True, minutes=0.2, console=Console(file=io.StringIO()))
+    after = read(run_dir, "league.json")
+    steps = {p["name"]: p["steps"] for p in after["players"]}
+    # Same players and snapshots as before plus new ones; learning counters continue instead of restarting.
+    assert {p["name"] for p in before["players"]} <= set(steps)
+    assert all(steps[p["name"]] > p["steps"] for p in before["players"] if p["kind"] == "main")
+    assert read(run_dir, "checkpoints/main_0.json")["updates"] > updates
+    assert read(run_dir, "state.json")["elapsed_s"] > elapsed + 10  # 12 s more
+    assert len(read(run_dir, "curve.json")) > evaluations
+    # The first session's live versions were cleaned up too: only the newest two of main_0 stay on disk.
+    assert len(list((run_dir / "store" / "main_0").glob("*.safetensors*"))) <= 2
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(run_dir, TrainConfig(minutes=0.1))
+
+
+def test_load_policy_plays_legal_columns(run_dir):
+    act = load_policy(run_dir)
+    board = np.zeros((6, 7), np.int8)
+    board[5, :3] = 1
+    board[5, 4:6] = 2
+    board[4, 0] = 2
+    # Player 1 to move can win at column 3; the trained agent sees it (threat planes) and takes it.
+    assert act(board, 1, None) == 3
+    assert act(board, 1, [0, 6]) in (0, 6)
+    with pytest.raises(ValueError, match="player_to_move"):
+        act(board, 3, None)
+    with pytest.raises(ValueError, match="player 2 is not to move"):
+        act(board, 2, None)
+    with pytest.raises(KeyError, match="no saved weights for player 'nobody'"):
+        load_policy(run_dir, player="nobody")
+    snapshot = load_policy(run_dir, player="main_0.s0")
+    assert 0 <= snapshot(np.zeros((6, 7), np.int8), 1, None) < 7
+
+
+def test_terminal_play_and_evaluate_command(run_dir):
+    out: list[str] = []
+    moves = itertools.chain(["9"], itertools.cycle("0123456"))  # a bad answer first, then every column in turn
+    winner = play_game(load_policy(run_dir), human_player=1, read=lambda _: next(moves), write=out.append)
+    assert winner in (0, 1, 2) and any("not a playable column" in line for line in out)
+    proc = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--run-dir", str(run_dir), "--games", "50",
+                           "--json"], capture_output=True, text=True, check=True, timeout=120)
+    result = json.loads(proc.stdout)
+    assert set(result) >= {"random", "winblock"} and result["random"]["games"] == 100

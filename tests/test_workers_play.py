@@ -1,0 +1,49 @@
+"""Batched game playing: outcomes, recorded trajectories for the learner, self-play, feature planes."""
+
+import numpy as np
+import torch
+
+from trainer.baselines import random_player
+from trainer.connect4 import VecConnectFour, observation_planes
+from trainer.model import PolicyNet
+from workers.play import net_policy, play, scripted_policy
+
+
+def test_play_records_only_the_learner_side_with_terminal_rewards():
+    env = VecConnectFour(64)
+    net = PolicyNet(16)
+    rng = np.random.default_rng(0)
+    out = play(env, (net_policy(net, torch.Generator().manual_seed(0)), scripted_policy(random_player, rng)),
+               record=(True, False), gamma=1.0, lam=1.0)
+    assert out.wins + out.draws + out.losses == 64 and out.steps == int(env.moves.sum())
+    # Side 0 moves first in even games: its move count is ceil(moves / 2) there, floor(moves / 2) otherwise.
+    first = np.arange(64) % 2 == 0
+    expected = np.where(first, (env.moves + 1) // 2, env.moves // 2).sum()
+    b = out.batch
+    assert len(b["actions"]) == expected
+    assert b["legal"][np.arange(expected), b["actions"]].all()          # recorded moves were legal
+    # gamma = lambda = 1: every move's return is the game's final result for side 0.
+    assert set(np.round(b["returns"], 5).tolist()) <= {-1.0, 0.0, 1.0}
+    assert (b["returns"] == 1).sum() > 0 and (b["returns"] == -1).sum() > 0
+
+
+def test_self_play_records_both_sides_and_is_zero_sum():
+    env = VecConnectFour(32)
+    policy = net_policy(PolicyNet(16), torch.Generator().manual_seed(1))
+    out = play(env, (policy, policy), record=(True, True), gamma=1.0, lam=1.0)
+    assert len(out.batch["actions"]) == out.steps                        # every move of both sides
+    # Zero-sum: per game the winner's moves return +1 and the loser's -1. A first-player win has one move
+    # more than its loser (sum +1); a second-player win has as many (sum 0).
+    assert abs(out.batch["returns"].sum() - (env.winner == 1).sum()) < 1e-3
+
+
+def test_threat_planes_show_wins_and_blocks_from_the_movers_view():
+    env = VecConnectFour(1)
+    for c in (0, 6, 1, 6, 2):             # player 1: three on the bottom row; player 2: two in column 6
+        env.step(np.array([c]), np.array([0]))
+    planes = observation_planes(env, np.array([0]))[0]  # player 2 to move
+    own, opp, playable, my_wins, their_wins = planes
+    assert own.sum() == 2 and opp.sum() == 3
+    assert playable[5, 3] == 1 and playable[3, 6] == 1 and playable.sum() == 7
+    assert my_wins.sum() == 0
+    assert their_wins[5, 3] == 1 and their_wins.sum() == 1  # player 1 completes four at the bottom of column 3

@@ -1,0 +1,68 @@
+"""python -m trainer: train an AlphaStar-style Connect Four league on a local Ray.
+
+Main agents, main exploiters and league exploiters learn with PPO in learner shards; thin rollout workers
+play them against each other and against frozen snapshots, which the node's PolicyStore keeps once in
+shared memory for all workers. At the end: players with Elo, a payoff heatmap, a learning curve and the
+store's memory report under RUN_DIR/report/.
+
+examples:
+  python -m trainer --run-dir runs/demo                 # default run (see --minutes)
+  python -m trainer --run-dir runs/demo --resume --minutes 2
+  python -m trainer.evaluate --run-dir runs/demo        # win rates vs random and win/block, both seats
+  python -m trainer.play --run-dir runs/demo            # play against the main agent in the terminal
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainer.config import DEFAULT_MINUTES, TrainConfig
+from trainer.league import LeagueConfig
+from trainer.run import train
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d, dl = TrainConfig(), LeagueConfig()
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run-dir", required=True, help="where config, league state, store spill files, "
+                   "checkpoints and the report go")
+    p.add_argument("--minutes", type=float, default=None,
+                   help=f"training time (default {DEFAULT_MINUTES:g}; with --resume: the saved run's value)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir with its saved config (only --minutes applies)")
+    p.add_argument("--game", default=d.game, help="connect4 (default), or pettingzoo:<classic env> such as "
+                   "pettingzoo:tictactoe_v3 (needs the pettingzoo extra; far slower)")
+    p.add_argument("--workers", type=int, default=d.workers, help=f"rollout workers (default {d.workers})")
+    p.add_argument("--games-per-match", type=int, default=d.games_per_match,
+                   help=f"games a worker plays at once per match (default {d.games_per_match})")
+    p.add_argument("--main-agents", type=int, default=dl.main_agents, help=f"default {dl.main_agents}")
+    p.add_argument("--main-exploiters", type=int, default=dl.main_exploiters, help=f"default {dl.main_exploiters}")
+    p.add_argument("--league-exploiters", type=int, default=dl.league_exploiters,
+                   help=f"default {dl.league_exploiters}")
+    p.add_argument("--hidden", type=int, default=d.hidden, help=f"policy net width (default {d.hidden})")
+    p.add_argument("--gpus-per-learner", type=float, default=d.learner_gpus,
+                   help="GPU share per learner shard, e.g. 0.3 for three shards on one GPU (default 0: CPU)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray (default: all)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.resume:
+        train(args.run_dir, resume=True, minutes=args.minutes)
+        return 0
+    config = TrainConfig(
+        minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, game=args.game, seed=args.seed,
+        workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
+        learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus,
+        league=LeagueConfig(main_agents=args.main_agents, main_exploiters=args.main_exploiters,
+                            league_exploiters=args.league_exploiters))
+    train(args.run_dir, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Scripted Connect Four players, vectorized: the yardsticks for evaluation.
+
+Both take ``(env, env_ids, rng)`` and return one column per listed game, for whoever is to move there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from trainer.connect4 import _COL_BIT, COLS, VecConnectFour, is_win
+
+Player = Callable[[VecConnectFour, np.ndarray, np.random.Generator], np.ndarray]
+
+
+def sample_legal(legal: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A uniformly random legal column per row of a ``(n, 7)`` mask (rows need at least one legal column)."""
+    noise = rng.random(legal.shape)
+    noise[~legal] = -1.0
+    return noise.argmax(axis=1)
+
+
+def winning_columns(env: VecConnectFour, env_ids: np.ndarray, seat: np.ndarray) -> np.ndarray:
+    """``(n, 7)`` bool: columns where a stone of ``seat`` (0 or 1) would complete four in a row."""
+    legal = env.legal_mask(env_ids)
+    heights = env.heights[env_ids].astype(np.int64)  # a full column points at its sentinel bit: masked below
+    candidate = _COL_BIT[np.arange(COLS)[None, :], heights]
+    stones = env.bits[env_ids, seat][:, None]
+    return is_win(stones | candidate) & legal
+
+
+def random_player(env: VecConnectFour, env_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Uniformly random legal moves."""
+    return sample_legal(env.legal_mask(env_ids), rng)
+
+
+def win_block_player(env: VecConnectFour, env_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Win if you can, block if you must, else random."""
+    env_ids = np.asarray(env_ids)
+    me = (env.to_move[env_ids] - 1).astype(np.int64)
+    win = winning_columns(env, env_ids, me)
+    block = winning_columns(env, env_ids, 1 - me)
+    choice = np.where(win.any(axis=1)[:, None], win, np.where(block.any(axis=1)[:, None], block,
+                                                            env.legal_mask(env_ids)))
+    return sample_legal(choice, rng)
+
+
+BASELINES: dict[str, Player] = {"random": random_player, "winblock": win_block_player}

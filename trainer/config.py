@@ -1,0 +1,67 @@
+"""Run configuration: one dataclass, saved as ``config.json`` in the run directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.league import LeagueConfig
+from trainer.ppo import PPOConfig
+
+DEFAULT_MINUTES = 9.0
+
+
+@dataclass
+class TrainConfig:
+    minutes: float = DEFAULT_MINUTES
+    game: str = "connect4"           # or "pettingzoo:<classic env>" (the pettingzoo extra)
+    seed: int = 0
+    workers: int = 1
+    games_per_match: int = 512
+    hidden: int = 128
+    league: LeagueConfig = field(default_factory=LeagueConfig)
+    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=4, batch=8192, minibatch=2048))
+    publish_every: int = 1           # learner updates between published versions
+    weights: str = "store"           # workers' policies: store views; "private" copies (benchmark only)
+    learner_cpus: float = 0.25       # Ray resources per learner shard (they only reserve, not limit)
+    learner_gpus: float = 0.0        # per shard; fractions let shards share one GPU
+    worker_cpus: float = 0.5
+    eval_games: int = 200            # per seat, for the live win rate against random / win-block
+    eval_every_s: float = 20.0
+    checkpoint_every_s: float = 60.0
+    expected_steps_per_s: float = 8000.0  # budgets' first guess, replaced by the measured rate
+    num_cpus: int | None = None      # for the local Ray this command starts (None: all cores)
+    object_store_mib: int = 1024
+    hot_capacity_mib: int = 256      # the store's hot tier
+
+    def __post_init__(self) -> None:
+        if self.minutes <= 0:
+            raise ValueError(f"minutes must be > 0, got {self.minutes}")
+        if self.workers < 1 or self.games_per_match < 2:
+            raise ValueError("need at least one worker and two games per match (one per seat)")
+        if self.hidden < 1 or self.publish_every < 1:
+            raise ValueError("hidden and publish_every must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown config keys {sorted(unknown)}")
+        data = dict(data)
+        data["league"] = LeagueConfig(**data.get("league", {}))
+        data["ppo"] = PPOConfig(**data.get("ppo", {}))
+        return cls(**data)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> TrainConfig:
+        return cls.from_dict(json.loads(path.read_text()))

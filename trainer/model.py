@@ -1,0 +1,58 @@
+"""The Connect Four policy/value net: a small MLP, because on 2 CPU cores the forward/backward cost of the net
+is the whole budget (a 2-layer conv net was 5x slower per sample here for the same width)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainer.connect4 import COLS, NUM_PLANES, ROWS
+
+MASKED_LOGIT = -1e9
+
+
+class PolicyNet(nn.Module):
+    """``(n, *planes)`` input planes -> (logits ``(n, actions)``, value ``(n,)``); Connect Four by default.
+
+    Parameters only, no buffers: the module can be rebuilt on the meta device over store views.
+    """
+
+    def __init__(self, hidden: int = 128, planes: tuple[int, ...] = (NUM_PLANES, ROWS, COLS), actions: int = COLS):
+        super().__init__()
+        self.hidden = hidden
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(planes), hidden), nn.ReLU(),
+                                  nn.Linear(hidden, hidden), nn.ReLU())
+        self.policy = nn.Linear(hidden, actions)
+        self.value = nn.Linear(hidden, 1)
+
+    def forward(self, planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.body(planes)
+        return self.policy(h), torch.tanh(self.value(h)).squeeze(-1)
+
+
+def masked_logits(logits: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
+    """Illegal columns get a logit of -1e9: probability 0, and no gradient flows to them."""
+    return torch.where(legal, logits, torch.full_like(logits, MASKED_LOGIT))
+
+
+@torch.inference_mode()
+def act(net: nn.Module, planes: np.ndarray, legal: np.ndarray, generator: torch.Generator | None = None,
+        greedy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Batched moves: ``(actions, log-probs, values)`` as numpy arrays. ``greedy`` takes the argmax.
+
+    Store views are ``SharedTensor``s whose write guard routes every op through Python (about 100 µs per forward
+    of this net, a third of it; see benchmarks/league_throughput). A forward pass only reads the weights, so it
+    runs with the subclass dispatch off: same memory, plain-tensor speed.
+    """
+    with torch._C.DisableTorchFunctionSubclass():
+        logits, value = net(torch.from_numpy(planes))
+    logits = masked_logits(logits, torch.from_numpy(legal))
+    logp = torch.log_softmax(logits, dim=-1)
+    if greedy:
+        actions = logits.argmax(dim=-1)
+    else:
+        actions = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return actions.numpy(), logp.gather(-1, actions[:, None]).squeeze(-1).numpy(), value.numpy()

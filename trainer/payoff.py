@@ -1,0 +1,87 @@
+"""Decayed payoff matrix: who beats whom, recently.
+
+Every result multiplies the pair's earlier win/draw/game counts by ``decay`` (0.99), so the win rate
+follows players that keep learning. A pair that never met counts as 0.5.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class Payoff:
+    def __init__(self, decay: float = 0.99):
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must lie in (0, 1], got {decay}")
+        self.decay = decay
+        self.players: list[str] = []
+        self._index: dict[str, int] = {}
+        self._wins = np.zeros((0, 0))
+        self._draws = np.zeros((0, 0))
+        self._games = np.zeros((0, 0))
+
+    def add_player(self, name: str) -> None:
+        if name in self._index:
+            raise ValueError(f"player {name!r} is already in the payoff matrix")
+        self._index[name] = len(self.players)
+        self.players.append(name)
+        self._wins, self._draws, self._games = (np.pad(m, ((0, 1), (0, 1))) for m in
+                                                (self._wins, self._draws, self._games))
+
+    def _idx(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise KeyError(f"unknown player {name!r} in the payoff matrix") from None
+
+    def update(self, home: str, away: str, wins: int, draws: int, losses: int) -> None:
+        """Record ``wins + draws + losses`` games of ``home`` against ``away``, one decay step per game.
+
+        The games of a batch are taken as arriving in random order: the counts after the batch equal the
+        expectation of ``n`` single updates.
+        """
+        if min(wins, draws, losses) < 0:
+            raise ValueError(f"negative result counts: {wins}/{draws}/{losses}")
+        n = wins + draws + losses
+        if n == 0:
+            return
+        h, a = self._idx(home), self._idx(away)
+        keep = self.decay ** n
+        fresh = float(n) if self.decay == 1.0 else (1.0 - keep) / (1.0 - self.decay)  # sum of decay^k, k < n
+        for i, j, w in ((h, a, wins), (a, h, losses)):
+            self._wins[i, j] = keep * self._wins[i, j] + fresh * w / n
+            self._draws[i, j] = keep * self._draws[i, j] + fresh * draws / n
+            self._games[i, j] = keep * self._games[i, j] + fresh
+
+    def win_rate(self, home: str, away: str) -> float:
+        """P[home beats away] with draws as half a win; 0.5 for a pair that never met."""
+        return float(self.win_rates(home, [away])[0])
+
+    def win_rates(self, home: str, aways: list[str]) -> np.ndarray:
+        h = self._idx(home)
+        idx = [self._idx(a) for a in aways]
+        games = self._games[h, idx]
+        score = self._wins[h, idx] + 0.5 * self._draws[h, idx]
+        return np.where(games > 0, score / np.where(games > 0, games, 1.0), 0.5)
+
+    def matrix(self) -> np.ndarray:
+        """``(n, n)`` win rates of row player against column player."""
+        return np.stack([self.win_rates(p, self.players) for p in self.players]) if self.players else \
+            np.zeros((0, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay, "players": list(self.players), "wins": self._wins.tolist(),
+                "draws": self._draws.tolist(), "games": self._games.tolist()}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Payoff:
+        payoff = cls(state["decay"])
+        for name in state["players"]:
+            payoff.add_player(name)
+        n = len(payoff.players)
+        for key in ("wins", "draws", "games"):
+            values = np.asarray(state[key], dtype=np.float64).reshape(n, n)
+            setattr(payoff, f"_{key}", values)
+        return payoff

@@ -1,0 +1,64 @@
+"""Play Connect Four against a trained agent in the terminal.
+
+    python -m trainer.play --run-dir runs/demo              # you move first
+    python -m trainer.play --run-dir runs/demo --second     # the agent moves first
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import numpy as np
+
+from trainer.connect4 import COLS, VecConnectFour
+from trainer.policy import load_policy
+
+SYMBOLS = {0: ".", 1: "X", 2: "O"}
+
+
+def render(board: np.ndarray) -> str:
+    rows = [" ".join(SYMBOLS[int(v)] for v in row) for row in board]
+    return "\n".join(rows + [" ".join(str(c) for c in range(COLS))])
+
+
+def play_game(agent: Callable, human_player: int, read: Callable[[str], str] = input,
+              write: Callable[[str], None] = print) -> int:
+    """One game; returns the winner (0 for a draw). ``read``/``write`` are swappable for tests."""
+    env = VecConnectFour(1)
+    ids = np.array([0])
+    while not env.done[0]:
+        write(render(env.boards[0]))
+        legal = np.flatnonzero(env.legal_mask()[0])
+        if env.to_move[0] == human_player:
+            answer = read(f"your move ({SYMBOLS[human_player]}), column {legal.tolist()}: ").strip()
+            if not answer.isdigit() or int(answer) not in legal:
+                write(f"'{answer}' is not a playable column; choose one of {legal.tolist()}")
+                continue
+            column = int(answer)
+        else:
+            column = agent(env.boards[0], int(env.to_move[0]), legal)
+            write(f"agent plays column {column}")
+        env.step(np.array([column]), ids)
+    write(render(env.boards[0]))
+    winner = int(env.winner[0])
+    write("draw" if winner == 0 else ("you win" if winner == human_player else "the agent wins"))
+    return winner
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainer.play", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", required=True, help="a directory written by `python -m trainer`")
+    parser.add_argument("--player", default=None, help="player or snapshot to play (default: main_0)")
+    parser.add_argument("--second", action="store_true", help="let the agent move first")
+    args = parser.parse_args(argv)
+    agent = load_policy(args.run_dir, args.player)
+    try:
+        play_game(agent, human_player=2 if args.second else 1)
+    except (KeyboardInterrupt, EOFError):
+        print()
+
+
+if __name__ == "__main__":
+    main()

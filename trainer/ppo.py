@@ -1,0 +1,111 @@
+"""PPO with action masking (clipped objective, GAE), CleanRL-style: one function per idea."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainer.model import masked_logits
+
+BATCH_KEYS = ("planes", "legal", "actions", "logp", "advantages", "returns")
+
+
+@dataclass
+class PPOConfig:
+    lr: float = 1e-3
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip: float = 0.2
+    epochs: int = 2
+    minibatch: int = 2048
+    batch: int = 8192             # samples gathered before an update
+    entropy_coef: float = 0.01
+    value_coef: float = 0.5
+    max_grad_norm: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.minibatch > self.batch:
+            raise ValueError(f"minibatch ({self.minibatch}) must not exceed batch ({self.batch})")
+        if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
+            raise ValueError("gamma must lie in (0, 1] and gae_lambda in [0, 1]")
+
+
+def gae(values: np.ndarray, lengths: np.ndarray, final_reward: np.ndarray, gamma: float,
+        lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and returns for a batch of finished episodes, one row each.
+
+    ``values`` is ``(episodes, T)`` with each episode's values left-aligned (``lengths`` of them); the only
+    reward is ``final_reward`` after an episode's last move. Entries past an episode's end come back as 0.
+    """
+    episodes, steps = values.shape
+    advantages = np.zeros_like(values, dtype=np.float32)
+    running = np.zeros(episodes, dtype=np.float32)
+    for t in reversed(range(steps)):
+        last = t == lengths - 1
+        next_value = values[:, t + 1] if t + 1 < steps else np.zeros(episodes, dtype=values.dtype)
+        delta = np.where(last, final_reward - values[:, t], gamma * next_value - values[:, t])
+        running = delta + gamma * lam * np.where(last, 0.0, running)
+        advantages[:, t] = np.where(t < lengths, running, 0.0)
+    returns = np.where(np.arange(steps)[None, :] < lengths[:, None], advantages + values, 0.0)
+    return advantages, returns.astype(np.float32)
+
+
+def ppo_loss(net: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
+    """Clipped surrogate + value MSE - entropy bonus, over one minibatch."""
+    logits, value = net(mb["planes"])
+    logp_all = torch.log_softmax(masked_logits(logits, mb["legal"]), dim=-1)
+    logp = logp_all.gather(-1, mb["actions"][:, None]).squeeze(-1)
+    ratio = torch.exp(logp - mb["logp"])
+    adv = mb["advantages"]
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)).mean()
+    value_loss = 0.5 * (value - mb["returns"]).pow(2).mean()
+    probs = logp_all.exp()
+    entropy = -(probs * torch.where(mb["legal"], logp_all, torch.zeros_like(logp_all))).sum(-1).mean()
+    loss = pg_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+    with torch.no_grad():
+        clipfrac = ((ratio - 1).abs() > cfg.clip).float().mean()
+    return loss, {"pg_loss": pg_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item(),
+                  "clipfrac": clipfrac.item()}
+
+
+class PPO:
+    """Owns the trainable net and its optimizer; ``update`` runs the PPO epochs over one batch."""
+
+    def __init__(self, net: nn.Module, cfg: PPOConfig, device: torch.device, seed: int = 0):
+        self.net = net.to(device)
+        self.cfg = cfg
+        self.device = device
+        self.opt = self.new_optimizer()
+        self.rng = np.random.default_rng(seed)
+        self.updates = 0
+
+    def new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.net.parameters(), lr=self.cfg.lr, eps=1e-5)
+
+    def to_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        dtypes = {"planes": torch.float32, "legal": torch.bool, "actions": torch.int64}
+        return {k: torch.as_tensor(batch[k]).to(self.device, dtypes.get(k, torch.float32))
+                for k in BATCH_KEYS}
+
+    def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        data = self.to_tensors(batch)
+        n = data["actions"].shape[0]
+        stats: dict[str, list[float]] = {}
+        self.net.train()
+        for _ in range(self.cfg.epochs):
+            order = torch.from_numpy(self.rng.permutation(n)).to(self.device)
+            for start in range(0, n - self.cfg.minibatch + 1, self.cfg.minibatch):
+                idx = order[start:start + self.cfg.minibatch]
+                loss, info = ppo_loss(self.net, {k: v[idx] for k, v in data.items()}, self.cfg)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.max_grad_norm)
+                self.opt.step()
+                for k, v in info.items():
+                    stats.setdefault(k, []).append(v)
+        self.updates += 1
+        return {k: float(np.mean(v)) for k, v in stats.items()}

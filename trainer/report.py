@@ -1,0 +1,114 @@
+"""End-of-run report: players table, payoff heatmap, learning curve, store memory report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+from rich.table import Table
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (runs headless, never opens a window)."""
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def win_keys(curve: list[dict[str, Any]]) -> list[str]:
+    """The evaluation opponents recorded in the curve (``win_random``, ``win_winblock``, ...)."""
+    return [k for k in (curve[0] if curve else {}) if k.startswith("win_")]
+
+
+def win_rates_text(row: dict[str, Any]) -> str:
+    return "   ".join(f"vs {k[4:]} {row[k]:.1%}" for k in win_keys([row]))
+
+
+def players_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="League players (by Elo)")
+    for col in ("player", "kind", "parent", "Elo", "env steps"):
+        table.add_column(col, justify="right" if col in ("Elo", "env steps") else "left")
+    for r in sorted(rows, key=lambda r: -r["elo"]):
+        table.add_row(r["name"], r["kind"], r["parent"] or "", f"{r['elo']:.0f}",
+                      f"{r['steps']:,}" if r["kind"] != "historical" else "")
+    return table
+
+
+def players_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| player | kind | parent | Elo | env steps |", "|---|---|---|---:|---:|"]
+    for r in sorted(rows, key=lambda r: -r["elo"]):
+        steps = f"{r['steps']:,}" if r["kind"] != "historical" else ""
+        lines.append(f"| {r['name']} | {r['kind']} | {r['parent'] or ''} | {r['elo']:.0f} | {steps} |")
+    return "\n".join(lines) + "\n"
+
+
+def payoff_heatmap(players: list[str], matrix: np.ndarray, path: Path) -> None:
+    """Row player's decayed win rate against column player (0.5 where they never met)."""
+    plt = pyplot()
+    size = max(4.0, 0.45 * len(players) + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    im = ax.imshow(matrix, cmap="RdBu", vmin=0, vmax=1)
+    ax.set_xticks(range(len(players)), players, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(players)), players, fontsize=7)
+    ax.set_xlabel("opponent")
+    ax.set_ylabel("player")
+    ax.set_title("Payoff: P[row beats column] (decayed; unseen = 0.5)")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def learning_curve(curve: list[dict[str, Any]], path: Path) -> None:
+    """Win rates of the main agent against the scripted players, and the main agents' Elo, over env steps."""
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [row["steps"] / 1e6 for row in curve]
+    for key in win_keys(curve):
+        ax1.plot(steps, [row[key] for row in curve], marker=".", label=f"vs {key[4:]}")
+    ax1.axhline(0.95, color="grey", ls=":", lw=1)
+    ax1.axhline(0.60, color="grey", ls=":", lw=1)
+    ax1.set_ylim(0, 1)
+    ax1.set_xlabel("env steps (millions)")
+    ax1.set_ylabel("main agent win rate (both seats)")
+    ax1.legend()
+    ax1.grid(alpha=0.3)
+    mains = sorted({k for row in curve for k in row.get("elo", {})})
+    for name in mains:
+        ax2.plot(steps, [row["elo"].get(name, np.nan) for row in curve], label=name)
+    ax2.set_xlabel("env steps (millions)")
+    ax2.set_ylabel("Elo")
+    ax2.legend(fontsize=7)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def memory_report(stats: dict[str, Any], infos: list[Any], workers: int) -> dict[str, Any]:
+    """The node store's memory against what private copies in every worker would cost.
+
+    ``infos`` is ``store.list()``. Private copies: every rollout worker holding its own copy of every league
+    policy, the frozen snapshots and the latest version of each learning player (RLlib's EnvRunners hold every
+    module: workers x policies x size). The store holds one copy per node for all workers (its hot tier also
+    keeps each learning player's previous version).
+    """
+    frozen = [i.nbytes for i in infos if i.meta.get("frozen")]
+    latest: dict[str, tuple[int, int]] = {}
+    for i in infos:
+        if not i.meta.get("frozen"):
+            latest[i.id.policy_id] = max(latest.get(i.id.policy_id, (0, 0)), (i.id.version, i.nbytes))
+    policies = sum(frozen) + sum(nbytes for _, nbytes in latest.values())
+    return {
+        "frozen_snapshots": len(frozen),
+        "league_policies": len(frozen) + len(latest),
+        "league_policy_mib": policies / 2**20,
+        "store_hot_mib": stats["hot_bytes"] / 2**20,
+        "store_hot_snapshots": stats["hot_snapshots"],
+        "store_disk_mib": stats["disk_bytes"] / 2**20,
+        "workers": workers,
+        "private_copies_mib": workers * policies / 2**20,
+    }

@@ -1,0 +1,117 @@
+"""Playing a batch of games between two policies, recording the moves a learner trains on.
+
+Pure numpy/torch (no Ray): the rollout actor, the evaluation command and the tests all play through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainer.baselines import Player
+from trainer.games import VecGame
+from trainer.model import act
+from trainer.ppo import gae
+
+# (env, env ids, planes, legal) -> (actions, log-probs or None, values or None)
+Policy = Callable[[VecGame, np.ndarray, np.ndarray, np.ndarray],
+                  tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]
+
+
+def net_policy(net: nn.Module, generator: torch.Generator | None = None, greedy: bool = False) -> Policy:
+    """A policy that samples (or, ``greedy``, argmaxes) the net's masked distribution in one batched call."""
+    def policy(env, ids, planes, legal):
+        return act(net, planes, legal, generator, greedy)
+    return policy
+
+
+def scripted_policy(player: Player, rng: np.random.Generator) -> Policy:
+    def policy(env, ids, planes, legal):
+        return player(env, ids, rng), None, None
+    return policy
+
+
+class Trajectories:
+    """One side's moves in a batch of games, kept per game in move order (for GAE)."""
+
+    def __init__(self, num_games: int, plane_shape: tuple[int, ...], num_actions: int, max_moves: int):
+        t = (max_moves + 1) // 2  # the first mover's share
+        self.planes = np.zeros((num_games, t, *plane_shape), dtype=bool)
+        self.legal = np.zeros((num_games, t, num_actions), dtype=bool)
+        self.actions = np.zeros((num_games, t), dtype=np.int64)
+        self.logp = np.zeros((num_games, t), dtype=np.float32)
+        self.values = np.zeros((num_games, t), dtype=np.float32)
+        self.length = np.zeros(num_games, dtype=np.int64)
+
+    def add(self, ids: np.ndarray, planes: np.ndarray, legal: np.ndarray, actions: np.ndarray,
+            logp: np.ndarray, values: np.ndarray) -> None:
+        t = self.length[ids]
+        self.planes[ids, t] = planes
+        self.legal[ids, t] = legal
+        self.actions[ids, t] = actions
+        self.logp[ids, t] = logp
+        self.values[ids, t] = values
+        self.length[ids] += 1
+
+    def finish(self, final_reward: np.ndarray, gamma: float, lam: float) -> dict[str, np.ndarray]:
+        """Flat training batch (only recorded moves) with GAE advantages and returns."""
+        advantages, returns = gae(self.values, self.length, final_reward.astype(np.float32), gamma, lam)
+        valid = np.arange(self.actions.shape[1])[None, :] < self.length[:, None]
+        return {"planes": self.planes[valid], "legal": self.legal[valid], "actions": self.actions[valid],
+                "logp": self.logp[valid], "advantages": advantages[valid], "returns": returns[valid]}
+
+
+@dataclass
+class Outcome:
+    wins: int           # from side 0's view
+    draws: int
+    losses: int
+    steps: int          # moves played by both sides
+    batch: dict[str, np.ndarray] | None   # side 0's moves (and side 1's if it was recorded too)
+
+
+def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool] = (False, False),
+         gamma: float = 0.99, lam: float = 0.95) -> Outcome:
+    """Play every game in ``env`` to the end: side 0 moves first in even games, second in odd ones.
+
+    ``record[s]`` keeps side ``s``'s moves for training; the batch holds both sides' moves when both are
+    recorded (self-play, where each side's moves train the same player).
+    """
+    n = env.num_envs
+    env.reset()
+    seat0 = np.where(np.arange(n) % 2 == 0, 1, 2).astype(np.int8)  # side 0's player number per game
+    recorders = [Trajectories(n, env.plane_shape, env.num_actions, env.max_moves) if r else None for r in record]
+    same = policies[0] is policies[1]
+    while True:
+        ids = np.flatnonzero(~env.done)
+        if ids.size == 0:
+            break
+        to_move = env.to_move[ids]
+        planes = env.planes(ids)
+        legal = env.legal_mask(ids)
+        side0 = to_move == seat0[ids]
+        actions = np.empty(ids.size, dtype=np.int64)
+        groups = [np.ones(ids.size, dtype=bool)] if same else [side0, ~side0]
+        for side, sel in enumerate(groups):
+            if not sel.any():
+                continue
+            a, logp, values = policies[side](env, ids[sel], planes[sel], legal[sel])
+            actions[sel] = a
+            for s, rec in enumerate(recorders):
+                if rec is None:
+                    continue
+                mine = (side0 if s == 0 else ~side0)[sel]
+                if mine.any():
+                    rows = np.flatnonzero(sel)[mine]
+                    rec.add(ids[rows], planes[rows], legal[rows], a[mine], logp[mine], values[mine])
+        env.step(actions, ids)
+    reward0 = np.where(env.winner == seat0, 1.0, np.where(env.winner == 0, 0.0, -1.0))
+    batches = [rec.finish(reward0 if s == 0 else -reward0, gamma, lam)
+               for s, rec in enumerate(recorders) if rec is not None]
+    batch = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]} if batches else None
+    return Outcome(int((reward0 > 0).sum()), int((reward0 == 0).sum()), int((reward0 < 0).sum()),
+                   int(env.moves.sum()), batch)

@@ -1,0 +1,95 @@
+"""Rollout worker: a thin Ray actor that plays league matches in big batches of games.
+
+Per match: ask the league for (learner, opponent), take both policies from the node store as zero-copy views
+(the learner's latest published version, the opponent's snapshot), play ``games_per_match`` games at once
+with one batched forward pass per policy and move, send the learner's moves to its learner shard and the
+result to the league. At most one batch per learner is in flight: a worker that outruns a learner waits for
+it instead of piling up stale trajectories.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+
+import policystore
+from policystore.memory import process_pss_bytes
+from trainer.games import get_game
+from trainer.league import Match, MatchResult
+from workers.modules import SnapshotModules
+from workers.play import net_policy, play
+
+
+@dataclass
+class WorkerConfig:
+    games_per_match: int = 512
+    hidden: int = 128
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    weights: str = "store"      # "private": copy every policy into the worker (benchmark comparison only)
+    game: str = "connect4"
+    module_cache: int = 16      # modules (views) kept per worker
+
+
+class RolloutWorker:
+    def __init__(self, league: ray.actor.ActorHandle, learners: dict[str, ray.actor.ActorHandle],
+                 config: WorkerConfig, seed: int = 0):
+        torch.set_num_threads(1)
+        self.league, self.learners, self.config = league, learners, config
+        self.store = policystore.connect()
+        game, hidden = get_game(config.game), config.hidden
+        self.modules = SnapshotModules(self.store, lambda: game.net(hidden), config.weights, config.module_cache)
+        self.env = game.make(config.games_per_match)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.in_flight: dict[str, ray.ObjectRef] = {}
+        self.steps = 0
+        self.matches = 0
+        self.play_seconds = 0.0
+
+    def play_match(self, match: Match) -> MatchResult:
+        learner = self.modules.get(match.learner, frozen=False)
+        policy = net_policy(learner, self.generator)
+        if match.opponent == match.learner:
+            # Self-play: one policy for both sides (one forward pass per move), both sides' moves train it.
+            opponent, record = policy, (True, True)
+        else:
+            opponent = net_policy(self.modules.get(match.opponent, frozen=match.frozen), self.generator)
+            record = (True, False)
+        start = time.perf_counter()
+        outcome = play(self.env, (policy, opponent), record, self.config.gamma, self.config.gae_lambda)
+        self.play_seconds += time.perf_counter() - start
+        previous = self.in_flight.get(match.learner)
+        if previous is not None:
+            ray.get(previous)
+        self.in_flight[match.learner] = self.learners[match.learner].add.remote(outcome.batch)
+        self.steps += outcome.steps
+        self.matches += 1
+        return MatchResult(match.learner, match.opponent, outcome.wins, outcome.draws, outcome.losses,
+                           outcome.steps)
+
+    def run(self, seconds: float) -> dict[str, Any]:
+        """Play matches for ``seconds``; returns once every trajectory and result has been delivered."""
+        deadline = time.monotonic() + seconds
+        next_match = self.league.next_match.remote()
+        report = None
+        while time.monotonic() < deadline:
+            match = ray.get(next_match)
+            next_match = self.league.next_match.remote()  # overlaps the round trip with the games
+            report = self.league.report.remote(self.play_match(match))
+        # Calls from one caller run in order: the last report done means all are.
+        ray.get(list(self.in_flight.values()) + ([report] if report else []))
+        return self.stats()
+
+    def module_report(self) -> list[dict[str, Any]]:
+        """Per cached policy: whether every parameter is a view into the node store's shared memory."""
+        return [{"policy": pid, "version": version,
+                 "shared": all(isinstance(p, policystore.SharedTensor) for p in module.parameters())}
+                for (pid, version), module in self.modules.items()]
+
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.steps, "matches": self.matches, "play_seconds": self.play_seconds,
+                "modules": len(self.modules), "pss_mib": process_pss_bytes() / 2**20}
