@@ -40,7 +40,7 @@ def make_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--quick", action="store_true", help="tiny grid that finishes in seconds (the CI smoke test runs this)"
+        "--quick", action="store_true", help="tiny grid, under a minute on 2 idle cores (the CI smoke test runs it)"
     )
     parser.add_argument(
         "--out", type=Path, default=Path("results") / name, help="results folder (default: %(default)s)"
