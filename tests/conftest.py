@@ -14,7 +14,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in _paths if p)
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=2, object_store_memory=1_500_000_000, include_dashboard=False, logging_level="warning")
+    ray.init(address="local", num_cpus=2, object_store_memory=1_500_000_000, include_dashboard=False,
+             logging_level="warning")
     yield
     ray.shutdown()
 
