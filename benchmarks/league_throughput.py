@@ -83,27 +83,36 @@ def training_point(mode: str, workers: int, seconds: float, root: Path) -> dict[
     }
 
 
-def forward_point(mode: str, path: str, batch: int, hidden: int, repeats: int) -> dict[str, Any]:
+def forward_points(modes: list[str], batch: int, hidden: int, rounds: int, calls: int = 20) -> list[dict[str, Any]]:
     """Time one batched forward pass on a module over store views (``store``) or a private copy, called
-    directly (``module``: every op goes through the views' write guard) or the way workers call it (``act``)."""
+    directly (``module``: every op goes through the views' write guard) or the way workers call it (``act``).
+
+    The four variants take turns in every round, so load from other processes hits them alike; each row is the
+    median over the rounds of the mean over ``calls`` calls.
+    """
     torch.set_num_threads(1)
     store = policystore.connect()
     net = PolicyNet(hidden)
     store.publish("bench_forward", net.state_dict())
-    module = store.load_module("bench_forward", lambda: PolicyNet(hidden)) if mode == "store" else net.eval()
+    modules = {"store": store.load_module("bench_forward", lambda: PolicyNet(hidden)), "private": net.eval()}
     planes = np.random.default_rng(0).random((batch, NUM_PLANES, ROWS, COLS)).astype(np.float32)
     legal = np.ones((batch, COLS), dtype=bool)
     x = torch.from_numpy(planes)
-    call = (lambda: act(module, planes, legal)) if path == "act" else (lambda: module(x))
+    variants = [(mode, path) for path in ("module", "act") for mode in modes]
+    calls_of = {(mode, "module"): (lambda m=modules[mode]: m(x)) for mode in modes} | {
+        (mode, "act"): (lambda m=modules[mode]: act(m, planes, legal)) for mode in modes}
+    times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
     with torch.inference_mode():
-        for _ in range(20):
-            call()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        elapsed = time.perf_counter() - start
-    return {"bench": "forward", "mode": mode, "path": path, "batch": batch, "hidden": hidden,
-            "forward_us": round(elapsed / repeats * 1e6, 1), **machine()}
+        for r in range(rounds + 2):  # two warm-up rounds
+            for variant in variants if r % 2 == 0 else variants[::-1]:
+                start = time.perf_counter()
+                for _ in range(calls):
+                    calls_of[variant]()
+                if r >= 2:
+                    times[variant].append((time.perf_counter() - start) / calls)
+    return [{"bench": "forward", "mode": mode, "path": path, "batch": batch, "hidden": hidden, "rounds": rounds,
+             "forward_us": round(float(np.median(times[(mode, path)])) * 1e6, 1), **machine()}
+            for mode, path in variants]
 
 
 def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
@@ -118,21 +127,24 @@ def write_results(rows: list[dict[str, Any]], out: Path) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     train = [r for r in rows if r["bench"] == "league_training"]
     fwd = [r for r in rows if r["bench"] == "forward"]
-    lines = ["| mode | workers | runs | env steps/s (median) | min..max | learner samples/s | frozen snapshots "
-             "| worker PSS MiB | store hot MiB | private copies MiB | load (1 min) |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
-    for (mode, w), group in grouped(train).items():
-        med = {k: float(np.median([r[k] for r in group])) for k in (
-            "env_steps_per_s", "learner_samples_per_s", "frozen_snapshots", "worker_pss_mib", "store_hot_mib",
-            "private_copies_mib")}
-        rates = [r["env_steps_per_s"] for r in group]
-        loads = ", ".join(str(r["load_1m"]) for r in group)
-        lines.append(f"| {mode} | {w} | {len(group)} | {med['env_steps_per_s']:,.0f} | {min(rates):,.0f}.."
-                     f"{max(rates):,.0f} | {med['learner_samples_per_s']:,.0f} | {med['frozen_snapshots']:.0f} "
-                     f"| {med['worker_pss_mib']:.1f} | {med['store_hot_mib']:.2f} | {med['private_copies_mib']:.2f} "
-                     f"| {loads} |")
+    lines: list[str] = []
+    if train:
+        lines = ["| mode | workers | runs | env steps/s (median) | min..max | learner samples/s | frozen snapshots "
+                 "| worker PSS MiB | store hot MiB | private copies MiB | load (1 min) |",
+                 "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+        for (mode, w), group in grouped(train).items():
+            med = {k: float(np.median([r[k] for r in group])) for k in (
+                "env_steps_per_s", "learner_samples_per_s", "frozen_snapshots", "worker_pss_mib", "store_hot_mib",
+                "private_copies_mib")}
+            rates = [r["env_steps_per_s"] for r in group]
+            loads = ", ".join(str(r["load_1m"]) for r in group)
+            lines.append(f"| {mode} | {w} | {len(group)} | {med['env_steps_per_s']:,.0f} | {min(rates):,.0f}.."
+                         f"{max(rates):,.0f} | {med['learner_samples_per_s']:,.0f} | {med['frozen_snapshots']:.0f} "
+                         f"| {med['worker_pss_mib']:.1f} | {med['store_hot_mib']:.2f} "
+                         f"| {med['private_copies_mib']:.2f} | {loads} |")
     if fwd:
-        lines += ["", "| forward pass | called via | batch | hidden | µs |", "|---|---|---:|---:|---:|"]
+        lines += [""] if lines else []
+        lines += ["| forward pass | called via | batch | hidden | µs |", "|---|---|---:|---:|---:|"]
         lines += [f"| {r['mode']} | {r['path']} | {r['batch']} | {r['hidden']} | {r['forward_us']} |" for r in fwd]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     if train:
@@ -165,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--modes", default="store,private", help="comma-separated: store, private")
     p.add_argument("--repeats", type=int, default=None,
                    help="runs per point, modes alternating order (default 2, --quick 1); tables show the median")
+    p.add_argument("--points", default="training,forward", help="comma-separated: training, forward (default both)")
     p.add_argument("--out", default="results/league_throughput", help="results folder")
     args = p.parse_args(argv)
     seconds = args.seconds or (15.0 if args.quick else 60.0)
@@ -173,28 +186,30 @@ def main(argv: list[str] | None = None) -> None:
     for mode in modes:
         if mode not in ("store", "private"):
             p.error(f"unknown mode {mode!r}; choose store or private")
+    points = args.points.split(",")
+    if not set(points) <= {"training", "forward"}:
+        p.error(f"--points takes training and/or forward, got {args.points!r}")
     repeats = args.repeats or (1 if args.quick else 2)
     rows = []
     with tempfile.TemporaryDirectory(prefix="league_throughput-") as tmp:
         # Other load on the machine drifts over minutes: alternate the order of the modes between repeats.
-        for repeat in range(repeats):
+        for repeat in range(repeats if "training" in points else 0):
             for w in workers:
                 for mode in modes if repeat % 2 == 0 else modes[::-1]:
                     row = training_point(mode, w, seconds, Path(tmp) / f"r{repeat}") | {"repeat": repeat}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
+    if "forward" in points:
         ray.init(address="local", num_cpus=2, object_store_memory=256 * MiB, include_dashboard=False)
         try:
-            for path in ("module", "act"):
-                for mode in modes:
-                    row = forward_point(mode, path, batch=256, hidden=TrainConfig().hidden,
-                                        repeats=200 if args.quick else 1000)
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+            for row in forward_points(modes, batch=256, hidden=TrainConfig().hidden, rounds=10 if args.quick else 50):
+                print(json.dumps(row), flush=True)
+                rows.append(row)
         finally:
             ray.shutdown()
     write_results(rows, Path(args.out))
-    print(f"wrote {args.out}/results.json, results.md, throughput.png", flush=True)
+    print(f"wrote {args.out}/results.json, results.md" + (", throughput.png" if "training" in points else ""),
+          flush=True)
 
 
 if __name__ == "__main__":

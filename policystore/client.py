@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -64,8 +65,7 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
     started later on any node (by a bare ``connect()`` in a worker) use it. Passing a different one to a running
     store is an error.
     """
-    if not ray.is_initialized():
-        ray.init()
+    _ensure_ray()
     node_id = node_id or ray.get_runtime_context().get_node_id()
     with _clients_lock:
         client = _clients.get(node_id)
@@ -80,9 +80,14 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
 
 def connect_all(config: StoreConfig | None = None) -> dict[str, PolicyStore]:
     """A store on every alive node (nodes that joined since the last call get theirs now), by node id."""
-    if not ray.is_initialized():
-        ray.init()
+    _ensure_ray()
     return {n["NodeID"]: connect(config, node_id=n["NodeID"]) for n in ray.nodes() if n["Alive"]}
+
+
+def _ensure_ray() -> None:
+    """Join the cluster RAY_ADDRESS names, else start a local Ray (never a stray cluster left on the machine)."""
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS", "local"))
 
 
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
