@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 
 MiB = 1024 * 1024
+START_ATTEMPTS = 2  # ray.init times out now and then when other jobs saturate the machine
 log = logging.getLogger("benchmarks")
 
 
@@ -232,15 +233,23 @@ def ray_session(object_store_bytes: int, num_cpus: int | None = None) -> Iterato
     # a SIGTERM (kill, a CI timeout) unwinds through the finally below: Ray shut down, spill folder removed
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     spill = Path(tempfile.mkdtemp(prefix="policystore-bench-"))
-    ray.init(
-        address="local",  # never attach to another cluster running on this machine (other jobs, `ray start`)
-        num_cpus=num_cpus or os.cpu_count(),
-        object_store_memory=int(object_store_bytes),
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
     try:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                ray.init(
+                    address="local",  # never attach to another cluster on this machine (other jobs, `ray start`)
+                    num_cpus=num_cpus or os.cpu_count(),
+                    object_store_memory=int(object_store_bytes),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
+                break
+            except Exception as exc:  # "node timed out during startup": a busy shared machine; try once more
+                ray.shutdown()
+                if attempt == START_ATTEMPTS:
+                    raise
+                log.warning("Ray did not start (%s); retrying", str(exc).splitlines()[0])
         yield spill
     finally:
         ray.shutdown()
