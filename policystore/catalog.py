@@ -180,14 +180,11 @@ class CatalogServer:
     def delete(self, policy_id: str, version: int | None = None) -> list[dict[str, Any]]:
         """Remove one version or all of them; returns the removed entries (with their holders to clean up)."""
         with self._lock:
-            entries = (
-                [{"version": v, **e} for v, e in self._committed.get(policy_id, {}).items()]
-                if version is None
-                else []
-            )
-        if version is not None or not entries:
-            entries = [self.lookup(policy_id, version)]
-        with self._lock:
+            if version is None:
+                self.lookup(policy_id)  # raises the right error for an unknown policy
+                entries = [{"version": v, **e} for v, e in self._committed[policy_id].items()]
+            else:
+                entries = [self.lookup(policy_id, version)]
             for entry in entries:
                 self._record({"op": "delete", "pid": policy_id, "v": entry["version"]}, sync=True)
         return entries
