@@ -1,0 +1,155 @@
+"""Every record that crosses an actor boundary: frozen dataclasses, so both ends agree on fields and types.
+
+The catalog, the per-node stores and the client exchange only these (and ``ObjectRef``s inside lists). A field
+added here is added for every side at once; nothing is passed as an ad-hoc dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ids import SnapshotId
+
+DURABLE = "durable"  # the holder name of the shared durable tier in catalog entries
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a store tells the catalog about a snapshot it commits (no bytes)."""
+
+    nbytes: int
+    checksum: str  # "crc32c:xxxxxxxx" (or "crc32:..." for files written before CRC-32C)
+    meta: dict[str, Any]
+    created: float
+    durable: bool
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One committed snapshot as the catalog knows it."""
+
+    id: SnapshotId
+    summary: Summary
+    holders: tuple[str, ...]  # node ids with a copy, and DURABLE once it is in the durable tier
+
+    @property
+    def version(self) -> int:
+        return self.id.version
+
+
+@dataclass(frozen=True)
+class CatalogEvents:
+    """One answer to ``CatalogServer.watch``: what changed since ``since`` up to event number ``seq``.
+
+    ``reset`` means the watcher was too far behind (or the catalog restarted): ``latest`` then holds the newest
+    committed version of every policy and replaces what the watcher knew.
+    """
+
+    seq: int
+    reset: bool
+    committed: tuple[CatalogEntry, ...] = ()
+    deleted: tuple[SnapshotId, ...] = ()
+    latest: dict[str, int] = field(default_factory=dict)  # policy -> highest committed version after these events
+    epoch: str = ""  # changes when the catalog's database is new: a watcher that sees a new epoch resets
+
+
+@dataclass(frozen=True)
+class HotSnapshot:
+    """A snapshot the node's store holds in shared memory, pushed to the processes that read from it."""
+
+    id: SnapshotId
+    header: bytes  # the safetensors header (8-byte length + JSON), so readers parse it off the hot path
+    refs: list  # [ObjectRef] (inside a list, so Ray hands the ref over instead of the bytes)
+
+
+@dataclass(frozen=True)
+class StoreEvents:
+    """One answer to ``StoreServer.watch``: the node's view of the league since event ``since``.
+
+    ``as_of`` is the store's ``time.monotonic()`` up to which the store had heard everything the catalog
+    committed; readers on the same node compare it with their own clock to bound staleness.
+    """
+
+    seq: int
+    reset: bool
+    as_of: float
+    latest: dict[str, int] = field(default_factory=dict)  # policy -> highest committed version (changed ones)
+    hot: tuple[HotSnapshot, ...] = ()
+    gone: tuple[SnapshotId, ...] = ()  # no longer hot here (evicted or deleted): readers drop their refs
+    deleted: tuple[SnapshotId, ...] = ()  # deleted cluster-wide
+    epoch: str = ""
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """One row of ``PolicyStore.list()``: a committed snapshot and where this node holds it."""
+
+    id: SnapshotId
+    nbytes: int
+    tier: str  # on this node: "hot" (shared memory), "disk" (restored on the next get), "remote" (fetched on get)
+    on_disk: bool
+    file_bytes: int
+    compressed: bool
+    meta: dict[str, Any]
+    created: float
+    checksum: str  # recorded at publish: equal checksums, equal bytes
+    holders: tuple[str, ...]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    """A file the store refused to serve and moved aside (never deleted)."""
+
+    path: str
+    reason: str
+    when: float
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """``PolicyStore.stats()``: one node's tiers and counters."""
+
+    node_id: str
+    spill_dir: str
+    durable_uri: str | None
+    hot_bytes: int
+    hot_snapshots: int
+    hot_capacity_bytes: int
+    disk_bytes: int
+    disk_snapshots: int
+    snapshots: int
+    pending_spills: int
+    watchers: int
+    hits: int
+    misses: int
+    evictions: int
+    restores: int
+    fetches: int
+    publishes: int
+    spill_errors: int
+    corrupt_reads: int
+    quarantined: tuple[QuarantineRecord, ...] = ()
+
+    def __getitem__(self, name: str) -> Any:  # stats()["hits"] keeps working for scripts written against dicts
+        return getattr(self, name)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """``PolicyStore.verify()``: which copies of one snapshot matched the checksum recorded at publish.
+
+    Each of ``hot``/``disk``/``durable`` is True (checked, good), False (checked, damaged) or None (no copy).
+    """
+
+    id: SnapshotId
+    hot: bool | None
+    disk: bool | None
+    durable: bool | None
+    problems: tuple[str, ...] = ()
+    healed: bool = False  # a damaged hot copy was dropped and will be restored from a good copy on the next get
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
