@@ -3,13 +3,21 @@
     store = policystore.connect()
     store.publish("main_0", model.state_dict(), meta={"step": 1000})
     opponent = store.load_module("main_0", build=lambda: MyNet())
+
+Imports are lazy: the store and catalog actors import this package to hold bytes and names, and must not pay for
+torch (or anything else they do not use). ``policystore.connect`` and friends load their modules on first use.
 """
 
-from .client import PolicyStore, SnapshotInfo, connect, connect_all
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .config import StoreConfig
 from .errors import (
     CorruptSnapshotError,
     DiskFullError,
+    InvalidOptionError,
     InvalidPolicyIdError,
     InvalidWeightsError,
     PolicyStoreError,
@@ -21,12 +29,39 @@ from .errors import (
     UnknownVersionError,
 )
 from .ids import SnapshotId
-from .snapshot import Snapshot
-from .views import SharedTensor
+from .wire import SnapshotInfo, StoreStats, VerifyReport
+
+if TYPE_CHECKING:
+    from .client import PolicyStore, clear_cache, connect, connect_all
+    from .snapshot import Snapshot
+    from .views import SharedTensor
+
+_LAZY = {
+    "PolicyStore": "client",
+    "clear_cache": "client",
+    "connect": "client",
+    "connect_all": "client",
+    "Snapshot": "snapshot",
+    "SharedTensor": "views",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(f".{module}", __name__), name)
+    try:  # submodules as attributes (policystore.format, policystore.client, ...) without importing them all
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module 'policystore' has no attribute {name!r}") from None
+
 
 __all__ = [
     "CorruptSnapshotError",
     "DiskFullError",
+    "InvalidOptionError",
     "InvalidPolicyIdError",
     "InvalidWeightsError",
     "PolicyStore",
@@ -40,8 +75,11 @@ __all__ = [
     "SnapshotLostError",
     "SnapshotTooLargeError",
     "StoreConfig",
+    "StoreStats",
     "UnknownPolicyError",
     "UnknownVersionError",
+    "VerifyReport",
+    "clear_cache",
     "connect",
     "connect_all",
 ]

@@ -12,16 +12,22 @@ commit fsync'd) that a restarted catalog replays.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import threading
+import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from .config import StoreConfig
 from .errors import UnknownPolicyError, UnknownVersionError
-from .ids import check_policy_id, check_version
+from .ids import SnapshotId, check_policy_id, check_version
+from .wire import CatalogEntry, CatalogEvents, Summary
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,10 @@ class CatalogServer:
         self._committed: dict[str, dict[int, dict[str, Any]]] = {}  # versions in increasing order
         self._reserved: dict[tuple[str, int], str] = {}  # (pid, version) -> reserving node
         self._next: dict[str, int] = {}
+        self._changed = threading.Condition(self._lock)
+        self._seq = 0
+        self._events: deque[tuple[int, str, Any]] = deque(maxlen=4096)  # (seq, "commit"|"delete", payload)
+        self._epoch = uuid.uuid4().hex
         self._path = Path(journal_path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         if self._path.exists():
@@ -57,6 +67,11 @@ class CatalogServer:
 
     def _record(self, record: dict[str, Any], sync: bool) -> None:
         self._apply(record)
+        if record["op"] in ("commit", "delete"):
+            self._seq += 1
+            sid = SnapshotId(record["pid"], record["v"])
+            self._events.append((self._seq, record["op"], self._entry(*sid) if record["op"] == "commit" else sid))
+            self._changed.notify_all()
         self._journal.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._journal.flush()
         if sync:
@@ -93,11 +108,36 @@ class CatalogServer:
             self._record({"op": "reserve", "pid": policy_id, "v": version, "node": node_id}, sync=True)
             return version
 
-    def commit(self, policy_id: str, version: int, node_id: str, summary: dict[str, Any]) -> None:
+    def commit(self, policy_id: str, version: int, node_id: str, summary: Summary) -> CatalogEntry:
         with self._lock:
             if (policy_id, version) not in self._reserved:
                 raise UnknownVersionError(f"{policy_id}@v{version} was not reserved (or was aborted)")
-            self._record({"op": "commit", "pid": policy_id, "v": version, "node": node_id, "summary": summary}, True)
+            record = {"op": "commit", "pid": policy_id, "v": version, "node": node_id,
+                      "summary": dataclasses.asdict(summary)}
+            self._record(record, True)
+            return self._entry(policy_id, version)
+
+    def publish(self, policy_id: str, node_id: str, summary: Summary) -> CatalogEntry:
+        """reserve + commit in one call (a non-durable publish: nothing to make durable in between)."""
+        with self._lock:
+            return self.commit(policy_id, self.reserve(policy_id, node_id), node_id, summary)
+
+    @ray.method(concurrency_group="watch")
+    def watch(self, since: int, timeout_s: float) -> CatalogEvents:
+        """Commits and deletes after event ``since``; waits up to ``timeout_s`` for one when there is none yet."""
+        with self._lock:
+            self._changed.wait_for(lambda: self._seq > since, timeout=timeout_s)
+            oldest = self._events[0][0] if self._events else self._seq + 1
+            if since <= 0 or since + 1 < oldest or since > self._seq:
+                latest = {pid: next(reversed(v)) for pid, v in self._committed.items()}
+                return CatalogEvents(self._seq, True, latest=latest, epoch=self._epoch)
+            committed, deleted = [], []
+            for seq, op, payload in self._events:
+                if seq > since:
+                    (committed if op == "commit" else deleted).append(payload)
+            touched = {e.id.policy_id for e in committed} | {sid.policy_id for sid in deleted}
+            latest = {pid: next(reversed(self._committed[pid])) if self._committed.get(pid) else 0 for pid in touched}
+            return CatalogEvents(self._seq, False, tuple(committed), tuple(deleted), latest, self._epoch)
 
     def abort(self, policy_id: str, version: int) -> None:
         with self._lock:
@@ -112,7 +152,7 @@ class CatalogServer:
         with self._lock:
             self._record({"op": "drop", "pid": policy_id, "v": version, "node": node_id}, sync=False)
 
-    def reconcile(self, node_id: str, held: list[tuple[str, int, str]]) -> list[tuple[str, int]]:
+    def reconcile(self, node_id: str, held: list[tuple[SnapshotId, str]]) -> list[SnapshotId]:
         """A (re)started store reports what its disk holds; returns what it must discard.
 
         Discarded: versions reserved but never committed (a publish killed midway) and versions deleted or
@@ -122,21 +162,21 @@ class CatalogServer:
         discard = []
         with self._lock:
             held_keys = set()
-            for pid, version, checksum in held:
+            for (pid, version), checksum in held:
                 held_keys.add((pid, version))
                 entry = self._committed.get(pid, {}).get(version)
                 if (pid, version) in self._reserved:
                     self._record({"op": "abort", "pid": pid, "v": version}, sync=False)
-                    discard.append((pid, version))
+                    discard.append(SnapshotId(pid, version))
                 elif entry is None and version < self._next.get(pid, 1):
-                    discard.append((pid, version))  # deleted while this store was away
+                    discard.append(SnapshotId(pid, version))  # deleted while this store was away
                 elif entry is None:
                     self._record({"op": "reserve", "pid": pid, "v": version, "node": node_id}, sync=False)
-                    summary = {"nbytes": 0, "checksum": checksum, "meta": {}, "durable": False, "adopted": True}
+                    summary = {"nbytes": 0, "checksum": checksum, "meta": {}, "created": 0.0, "durable": False}
                     self._record({"op": "commit", "pid": pid, "v": version, "node": node_id, "summary": summary}, True)
                 elif entry["checksum"] != checksum:
                     log.error("catalog: %s@v%d on node %s conflicts with the catalog; discarded", pid, version, node_id)
-                    discard.append((pid, version))
+                    discard.append(SnapshotId(pid, version))
                 elif node_id not in entry["holders"]:
                     self._record({"op": "hold", "pid": pid, "v": version, "node": node_id}, sync=False)
             for pid, versions in self._committed.items():
@@ -146,7 +186,12 @@ class CatalogServer:
         return discard
 
     # ---- read ----------------------------------------------------------------------------------------------
-    def lookup(self, policy_id: str, version: int | None = None) -> dict[str, Any]:
+    def _entry(self, policy_id: str, version: int) -> CatalogEntry:
+        e = self._committed[policy_id][version]
+        summary = Summary(e["nbytes"], e["checksum"], e["meta"], e.get("created", 0.0), e["durable"])
+        return CatalogEntry(SnapshotId(policy_id, version), summary, tuple(e["holders"]))
+
+    def lookup(self, policy_id: str, version: int | None = None) -> CatalogEntry:
         """The committed entry (latest when ``version`` is None): version, summary and holders."""
         with self._lock:
             versions = self._committed.get(check_policy_id(policy_id))
@@ -164,27 +209,27 @@ class CatalogServer:
                     f"policy {policy_id!r} has no version {version}; it has {len(have)} versions "
                     f"({have[:10]}{' ...' if len(have) > 10 else ''}, latest {have[-1]})"
                 )
-            return {"policy_id": policy_id, "version": version, **entry}
+            return self._entry(policy_id, version)
 
-    def list(self, policy_id: str | None = None) -> list[dict[str, Any]]:
+    def list(self, policy_id: str | None = None) -> list[CatalogEntry]:
         with self._lock:
             if policy_id is not None and policy_id not in self._committed:
                 self.lookup(policy_id)  # raises the right error
             return [
-                {"policy_id": pid, "version": v, **entry}
+                self._entry(pid, v)
                 for pid, versions in sorted(self._committed.items())
                 if policy_id is None or pid == policy_id
-                for v, entry in versions.items()
+                for v in versions
             ]
 
-    def delete(self, policy_id: str, version: int | None = None) -> list[dict[str, Any]]:
+    def delete(self, policy_id: str, version: int | None = None) -> list[CatalogEntry]:
         """Remove one version or all of them; returns the removed entries (with their holders to clean up)."""
         with self._lock:
             if version is None:
                 self.lookup(policy_id)  # raises the right error for an unknown policy
-                entries = [{"version": v, **e} for v, e in self._committed[policy_id].items()]
+                entries = [self._entry(policy_id, v) for v in self._committed[policy_id]]
             else:
                 entries = [self.lookup(policy_id, version)]
             for entry in entries:
-                self._record({"op": "delete", "pid": policy_id, "v": entry["version"]}, sync=True)
+                self._record({"op": "delete", "pid": policy_id, "v": entry.version}, sync=True)
         return entries

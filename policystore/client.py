@@ -1,59 +1,159 @@
-"""The user-facing handle: ``connect()`` finds (or starts) this node's store and returns a ``PolicyStore``."""
+"""The user-facing handle: ``connect()`` finds (or starts) this node's store and returns a ``PolicyStore``.
+
+Reads are served from what the node's store pushes (``watch.py``) whenever that is fresh: ``get(pid)`` of the
+latest version is a dict lookup, and a get of a version hot on the node is one ``ray.get`` of a ref this process
+already holds. Otherwise (push stale, store restarting, a version not hot) a get asks the store: one round trip.
+
+Everything this process keeps (clients, snapshots, pushed refs, versions seen) belongs to one Ray session of one
+cluster: a new ``ray.init()`` starts from nothing, even while handles from the old session are still around.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
+import mmap
 import os
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
-import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from torch import nn
 
 from .catalog import CatalogServer
-from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
+from .config import CATALOG_NAME, NAMESPACE, StoreConfig, staging_dir, store_name
 from .errors import CorruptSnapshotError, PolicyStoreError, SnapshotTooLargeError
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
-from .server import StoreServer
-from .snapshot import Snapshot
-from .views import build_on_views
+from .server import StoreServer, check_durable, open_shared
+from .watch import Follower, PushState
+from .wire import CatalogEntry, HotSnapshot, SnapshotInfo, StoreStats, VerifyReport
 
-_StoreActor = ray.remote(StoreServer)
-_CatalogActor = ray.remote(CatalogServer)
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-# Snapshots are immutable, so a process can reuse the one it already holds: (policy, version) -> Snapshot.
-_snapshots: weakref.WeakValueDictionary[SnapshotId, Snapshot] = weakref.WeakValueDictionary()
-_clients: dict[str, PolicyStore] = {}
-_clients_lock = threading.Lock()
+    from .format import Header
+    from .snapshot import Snapshot
+
+log = logging.getLogger(__name__)
 
 # A store that dies is restarted by Ray and rebuilds from disk; reads retry across that for this long.
 RETRY_TIMEOUT_S = 60.0
 _RESTARTING = (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError)
 _OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, ray.exceptions.ObjectFetchTimedOutError)
+_PACK_ALLOCATES = "alloc" in inspect.signature(pack).parameters  # packs straight into a staging file
 
 
-@dataclass(frozen=True)
-class SnapshotInfo:
-    """One row of ``PolicyStore.list()``."""
+@functools.cache
+def _actor_class(cls: type, watchers: int) -> Any:
+    """``cls`` as a Ray actor class whose long polls (``watch``) run in their own group of ``watchers`` threads."""
+    return ray.remote(concurrency_groups={"watch": watchers})(cls)
 
-    id: SnapshotId
-    nbytes: int
-    tier: str  # on this node: "hot" (shared memory), "disk" (restored on the next get), "remote" (fetched on get)
-    on_disk: bool
-    file_bytes: int
-    compressed: bool
-    meta: dict[str, Any]
-    created: float
-    checksum: str  # the CRC recorded at publish: equal checksums, equal bytes
-    holders: tuple[str, ...]  # node ids with a copy, and "durable" once it is in the durable tier
-    error: str | None
+
+class _Session:
+    """What this process keeps for one Ray session of one cluster; dropped whole when another session starts."""
+
+    def __init__(self, key: tuple[str, str]):
+        self.key = key
+        self.lock = threading.Lock()
+        self.clients: dict[str, PolicyStore] = {}
+        # Snapshots are immutable, so the process reuses the one it holds: (policy, version) -> Snapshot.
+        self.snapshots: weakref.WeakValueDictionary[SnapshotId, Snapshot] = weakref.WeakValueDictionary()
+        self.followers: dict[str, Follower] = {}
+        self.seen: dict[str, int] = {}  # highest version handed out or published here: never go backwards
+        self.deleted: set[SnapshotId] = set()  # never served again from pushed state, whatever arrives late
+        self.closed = False
+
+    def follower(self, node_id: str, config: StoreConfig) -> Follower:
+        with self.lock:
+            follower = self.followers.get(node_id)
+            if follower is None:
+                follower = self.followers[node_id] = Follower(node_id, config, self.forget)
+            return follower
+
+    def latest(self, policy_id: str, follower: Follower | None) -> int | None:
+        """The latest version from the push (never below what this process saw), or None: ask the store."""
+        version = follower.latest(policy_id) if follower is not None else None
+        if version is None:
+            return None
+        version = max(version, self.seen.get(policy_id, 0))
+        if SnapshotId(policy_id, version) in self.deleted:
+            return None
+        self.seen[policy_id] = version
+        return version
+
+    def saw(self, sid: SnapshotId) -> None:
+        if sid.version > self.seen.get(sid.policy_id, 0):
+            self.seen[sid.policy_id] = sid.version
+
+    def keep(self, snap: Snapshot) -> Snapshot:
+        with self.lock:
+            return self.snapshots.setdefault(snap.id, snap)
+
+    def forget(self, sid: SnapshotId) -> None:
+        """A deleted snapshot: never served again by this process (views already handed out stay valid)."""
+        with self.lock:
+            self.deleted.add(sid)
+            self.snapshots.pop(sid, None)
+            if self.seen.get(sid.policy_id) == sid.version:
+                del self.seen[sid.policy_id]
+            followers = list(self.followers.values())
+        for follower in followers:
+            follower.drop(sid, deleted=True)
+
+    def drop(self, sid: SnapshotId) -> None:
+        """A damaged copy: re-fetch on the next get."""
+        with self.lock:
+            self.snapshots.pop(sid, None)
+            followers = list(self.followers.values())
+        for follower in followers:
+            follower.drop(sid)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            for follower in self.followers.values():
+                follower.stop()
+            self.followers.clear()
+            self.clients.clear()
+            self.snapshots.clear()
+
+
+_session: _Session | None = None
+_session_lock = threading.Lock()
+
+
+def _session_key() -> tuple[str, str]:
+    context = ray.get_runtime_context()
+    return context.gcs_address, context.get_session_name()
+
+
+def _current_session() -> _Session:
+    """This process's state for the Ray session it is in now (a new one when Ray was restarted)."""
+    global _session
+    _ensure_ray()
+    key = _session_key()
+    with _session_lock:
+        if _session is None or _session.key != key:
+            if _session is not None:
+                _session.close()
+            _session = _Session(key)
+        return _session
+
+
+def clear_cache() -> None:
+    """Drop this process's cached snapshots: the next get of each asks again (views already held stay valid)."""
+    session = _session
+    if session is not None:
+        with session.lock:
+            session.snapshots.clear()
 
 
 def connect(config: StoreConfig | None = None, *, node_id: str | None = None) -> PolicyStore:
@@ -65,12 +165,14 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
     started later on any node (by a bare ``connect()`` in a worker) use it. Passing a different one to a running
     store is an error.
     """
-    _ensure_ray()
+    session = _current_session()
     node_id = node_id or ray.get_runtime_context().get_node_id()
-    with _clients_lock:
-        client = _clients.get(node_id)
-        if client is None:
-            client = _clients[node_id] = PolicyStore(node_id, config)
+    with _session_lock:
+        client = session.clients.get(node_id)
+    if client is None:
+        client = PolicyStore(node_id, config)
+        with _session_lock:
+            client = session.clients.setdefault(node_id, client)
     if config is not None and client.config != config:
         raise PolicyStoreError(
             f"the store on node {node_id} already runs with {client.config}; connect() was given {config}"
@@ -93,7 +195,7 @@ def _ensure_ray() -> None:
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
     """The cluster catalog: found by name, or created with ``config`` as the cluster's store settings."""
     journal = config.catalog_journal(ray.get_runtime_context().get_session_name())
-    return _CatalogActor.options(
+    return _actor_class(CatalogServer, config.max_watchers).options(
         name=CATALOG_NAME,
         namespace=NAMESPACE,
         get_if_exists=True,
@@ -112,7 +214,7 @@ def _store_actor(node_id: str, config: StoreConfig | None) -> ray.actor.ActorHan
     catalog = _catalog_actor(config or StoreConfig())
     if config is None:
         config = ray.get(catalog.store_config.remote())
-    return _StoreActor.options(
+    return _actor_class(StoreServer, config.max_watchers).options(
         name=store_name(node_id),
         namespace=NAMESPACE,
         get_if_exists=True,
@@ -129,20 +231,34 @@ class PolicyStore:
 
     def __init__(self, node_id: str, config: StoreConfig | None):
         self.node_id = node_id
-        self._actor = _store_actor(node_id, config)
+        self._asked = config
+        self._bind()
+
+    def _bind(self) -> None:
+        """Attach to the current Ray session's store (again, if Ray was restarted since this handle was made)."""
+        self._session = _current_session()
+        self._actor = _store_actor(self.node_id, self._asked)
         self._catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
-        self.config: StoreConfig = self._call("store_config")
-        self._hot_capacity = int(self._call("stats")["hot_capacity_bytes"])
+        self.config: StoreConfig = self._call(StoreServer.store_config)
+        self._hot_capacity = self._call(StoreServer.stats).hot_capacity_bytes
+        self._local = self.node_id == ray.get_runtime_context().get_node_id()
+        # Same node, same monotonic clock: only a local store's push can be checked for staleness.
+        self._follower = self._session.follower(self.node_id, self.config) if self._local else None
 
-    def _call(self, method: str, *args: Any, idempotent: bool = True, actor: str = "store") -> Any:
-        """Call the store (or the catalog), riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
+    def _live(self) -> _Session:
+        session = self._session
+        if session.closed or not ray.is_initialized() or session.key != _session_key():
+            self._bind()
+        return self._session
 
-        Writes are not retried: a publish that may or may not have landed must be visible to the caller.
-        """
+    def _call(self, method: Callable, *args: Any, idempotent: bool = True) -> Any:
+        """Run ``method`` (a StoreServer or CatalogServer method) on its actor, riding out a restart (Ray restarts
+        it; it rebuilds from disk) for reads. Writes are not retried: whether a publish landed must be visible."""
         deadline = time.monotonic() + RETRY_TIMEOUT_S
         while True:
+            actor = self._catalog if method.__qualname__.startswith("CatalogServer.") else self._actor
             try:
-                return _call(getattr(self._actor if actor == "store" else self._catalog, method), *args)
+                return _call(getattr(actor, method.__name__), *args)
             except _RESTARTING as exc:
                 if isinstance(exc, ray.exceptions.ActorDiedError):  # stopped for good: find or start its successor
                     self._actor = _store_actor(self.node_id, self.config)
@@ -151,6 +267,7 @@ class PolicyStore:
                     raise
                 time.sleep(0.1)
 
+    # ---- publish -------------------------------------------------------------------------------------------
     def publish(
         self,
         policy_id: str,
@@ -162,41 +279,97 @@ class PolicyStore:
         """Store a new version of ``policy_id``; returns its id. Tensors on a GPU are copied to the host once.
 
         ``durable=True`` returns only once the snapshot is on disk (fsync'd, and in the durable tier if one is
-        configured); otherwise it is written in the background and served from memory right away.
+        configured); otherwise it is written in the background and served from memory right away. This process
+        reads its own write at once: ``get(policy_id)`` returns at least this version.
         """
         check_policy_id(policy_id)
-        buf = pack(weights, policy_id=policy_id, meta=meta)
-        if len(buf) > self._hot_capacity:
+        check_durable(durable)
+        session = self._live()
+        staging = _Staging.open() if self._local and _PACK_ALLOCATES else None
+        if staging is not None:
+            try:
+                self._check_size(policy_id, len(pack(weights, policy_id=policy_id, meta=meta, alloc=staging.alloc)))
+                staging.unmap()
+                sid = self._call(StoreServer.publish_staged, policy_id, str(staging.path), durable, idempotent=False)
+            finally:
+                staging.discard()
+        else:
+            buf = pack(weights, policy_id=policy_id, meta=meta)
+            self._check_size(policy_id, len(buf))
+            sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
+        session.saw(sid)
+        return sid
+
+    def _check_size(self, policy_id: str, nbytes: int) -> None:
+        if nbytes > self._hot_capacity:
             raise SnapshotTooLargeError(
-                f"snapshot of {policy_id!r} is {len(buf)} bytes, larger than the whole hot tier "
+                f"snapshot of {policy_id!r} is {nbytes} bytes, larger than the whole hot tier "
                 f"(hot_capacity_bytes={self._hot_capacity})"
             )
-        return SnapshotId(*self._call("publish", policy_id, buf, durable, idempotent=False))
 
+    # ---- read ----------------------------------------------------------------------------------------------
     def get(self, policy_id: str, version: int | None = None) -> Snapshot:
         """The snapshot (latest version by default) as zero-copy read-only views; restored from disk, or fetched
-        from another node, if this node's store does not hold it in memory."""
+        from another node, if this node's store does not hold it in memory.
+
+        "Latest" is at most ``StoreConfig.max_staleness_s`` old (never older than this process's own publishes,
+        and never older than a version this process already got).
+        """
         check_policy_id(policy_id)
-        if version is None:  # ask the catalog: a latest version this process already holds needs nothing more
-            version = self.latest_version(policy_id)
-        cached = _snapshots.get(SnapshotId(policy_id, check_version(version)))
-        if cached is not None:
-            return cached
+        session = self._live()
+        if version is None:
+            version = session.latest(policy_id, self._follower)
+            if version is None:
+                return self._resolve(session, policy_id, None)
+        else:
+            check_version(version)
+        sid = SnapshotId(policy_id, version)
+        snap = session.snapshots.get(sid)
+        if snap is not None:
+            return snap
+        pushed = self._follower.hot(sid) if self._follower is not None else None
+        if pushed is not None and sid not in session.deleted:
+            snap = self._open_pushed(session, sid, *pushed)
+            if snap is not None:
+                return snap
+        return self._resolve(session, policy_id, version)
+
+    def _open_pushed(self, session: _Session, sid: SnapshotId, ref: ray.ObjectRef, header: Header) -> Snapshot | None:
+        """A snapshot from a ref the push handed this process: one ``ray.get``, no call to the store."""
+        from .snapshot import Snapshot
+
+        try:
+            buffer = open_shared(ray.get(ref))
+        except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
+            self._follower.drop(sid)
+            return None
+        self._actor.touch.remote(*sid)  # no wait: keeps the store's LRU order honest about pushed reads
+        return session.keep(Snapshot(sid, buffer, ref, header))
+
+    def _resolve(self, session: _Session, policy_id: str, version: int | None) -> Snapshot:
+        """Ask the store (one round trip): it restores or fetches the snapshot first if it is not hot."""
+        from .snapshot import Snapshot
+
         deadline = time.monotonic() + RETRY_TIMEOUT_S
         while True:
-            pid, resolved, (ref,) = self._call("resolve", policy_id, version)
-            sid = SnapshotId(pid, resolved)
-            snap = _snapshots.get(sid)
+            hot: HotSnapshot = self._call(StoreServer.resolve, policy_id, version)
+            sid = hot.id
+            floor = session.seen.get(policy_id, 0)
+            if version is None and sid.version < floor:  # that store is behind this process: ask for what we saw
+                version = floor
+                continue
+            if version is None:
+                session.saw(sid)
+            snap = session.snapshots.get(sid)
             if snap is not None:
                 return snap
             try:
-                buffer = ray.get(ref)
+                buffer = open_shared(ray.get(hot.refs[0]))
             except _OBJECT_GONE:  # the store restarted between resolve and get: its old objects died with it
                 if time.monotonic() > deadline:
                     raise
                 continue
-            snap = _snapshots[sid] = Snapshot(sid, buffer, ref)
-            return snap
+            return session.keep(Snapshot(sid, buffer, hot.refs[0]))
 
     def load_module(self, policy_id: str, build: Callable[[], nn.Module], version: int | None = None) -> nn.Module:
         """An eval-mode module whose parameters and buffers ARE the snapshot's shared views.
@@ -204,56 +377,125 @@ class PolicyStore:
         ``build`` runs on the meta device, so the module costs no parameter memory of its own; writes into it
         raise ReadOnlyWeightsError. Moving it (``.to(device)``, ``.half()``) makes a private copy.
         """
+        from .views import build_on_views
+
         snap = self.get(policy_id, version)
         module = build_on_views(build, snap._views, str(snap.id))
         module.policystore_snapshot = snap  # the module's provenance, and keeps the snapshot cached
         return module
 
     def latest_version(self, policy_id: str) -> int:
-        """The newest committed version of ``policy_id``, cluster-wide."""
-        return int(self._call("lookup", check_policy_id(policy_id), actor="catalog")["version"])
+        """The newest committed version of ``policy_id`` (within ``max_staleness_s``, never below one this process
+        published or got)."""
+        check_policy_id(policy_id)
+        session = self._live()
+        version = session.latest(policy_id, self._follower)
+        if version is None:
+            entry: CatalogEntry = self._call(CatalogServer.lookup, policy_id)
+            session.saw(entry.id)
+            version = max(entry.version, session.seen.get(policy_id, 0))
+        return version
 
+    def push_state(self) -> PushState:
+        """What the node's store has pushed to this process (for tests, debugging and operations)."""
+        self._live()
+        if self._follower is None:
+            return PushState(False, False, float("inf"), {}, ())
+        return self._follower.state()
+
+    # ---- listing and maintenance ---------------------------------------------------------------------------
     def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
         """Every snapshot in the cluster (or of one policy), with where this node holds it."""
-        return [
-            SnapshotInfo(
-                id=SnapshotId(r["policy_id"], r["version"]), nbytes=r["nbytes"], tier=r["tier"], on_disk=r["on_disk"],
-                file_bytes=r["file_bytes"], compressed=r["compressed"], meta=r["meta"], created=r["created"],
-                checksum=r["checksum"], holders=tuple(r["holders"]), error=r["error"] or None,
-            )
-            for r in self._call("list", policy_id)
-        ]
+        if policy_id is not None:
+            check_policy_id(policy_id)
+        self._live()
+        return self._call(StoreServer.list, policy_id)
 
-    def stats(self) -> dict[str, Any]:
-        return self._call("stats")
+    def stats(self) -> StoreStats:
+        """This node's tiers and counters (``stats()["hits"]`` works too)."""
+        self._live()
+        return self._call(StoreServer.stats)
 
     def delete(self, policy_id: str, version: int | None = None) -> list[SnapshotId]:
         """Delete one version, or all versions of ``policy_id``, on every node. Views already held stay valid."""
         check_policy_id(policy_id)
-        deleted = [SnapshotId(*sid) for sid in self._call("delete", policy_id, version, idempotent=False)]
+        if version is not None:
+            check_version(version)
+        session = self._live()
+        deleted = self._call(StoreServer.delete, policy_id, version, idempotent=False)
         for sid in deleted:
-            _snapshots.pop(sid, None)
+            session.forget(sid)
         return deleted
 
-    def verify(self, policy_id: str, version: int | None = None) -> dict[str, Any]:
+    def verify(self, policy_id: str, version: int | None = None) -> VerifyReport:
         """Re-check the checksum recorded at publish on this node's copies and the durable tier's; raise
         CorruptSnapshotError if one fails.
 
         Catches what the write guard cannot (raw writes through ``untyped_storage()``/``data_ptr()``). A corrupt
-        shared-memory copy is dropped so the next get serves the verified disk copy.
+        shared-memory copy is dropped by the store and by this process, so the next get here serves the verified
+        disk copy (other processes keep the views they hold until they let go).
         """
-        report = self._call("verify", policy_id, version)
-        if report["problems"]:
-            raise CorruptSnapshotError("; ".join(report["problems"]))
+        check_policy_id(policy_id)
+        session = self._live()
+        report: VerifyReport = self._call(StoreServer.verify, policy_id, version)
+        if report.problems:
+            if report.hot is False:
+                session.drop(report.id)
+            raise CorruptSnapshotError("; ".join(report.problems))
         return report
 
     def flush(self) -> None:
         """Wait until every snapshot published so far is on disk."""
-        self._call("flush")
+        self._live()
+        self._call(StoreServer.flush)
+
+    def drop_cache(self) -> None:
+        """Drop this process's cached snapshots (``policystore.clear_cache()``)."""
+        clear_cache()
 
     def shutdown(self) -> None:
         """Stop this node's store; see ``policystore.client.shutdown``."""
         shutdown(self.node_id)
+
+
+class _Staging:
+    """A file in /dev/shm that ``pack`` writes the snapshot into and the node's store takes (then removes)."""
+
+    def __init__(self, path: os.PathLike, fd: int):
+        self.path, self._fd = path, fd
+        self._map: mmap.mmap | None = None
+
+    @classmethod
+    def open(cls) -> _Staging | None:
+        """A new staging file, or None when /dev/shm cannot be used (the snapshot then travels by value)."""
+        folder = staging_dir()
+        try:
+            folder.mkdir(mode=0o700, exist_ok=True)
+            path = folder / f"{os.getpid()}-{uuid.uuid4().hex}"
+            return cls(path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        except OSError as exc:
+            log.debug("no staging file in %s (%s): publishing by value", folder, exc)
+            return None
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        """The destination ``pack`` fills: the file's pages, reserved up front (a full /dev/shm is an error here,
+        never a SIGBUS while writing)."""
+        os.posix_fallocate(self._fd, 0, nbytes)
+        self._map = mmap.mmap(self._fd, nbytes)
+        return np.frombuffer(self._map, dtype=np.uint8)
+
+    def unmap(self) -> None:
+        try:
+            self._map.close()
+        except BufferError:  # an array still views it: it is unmapped when that goes
+            pass
+
+    def discard(self) -> None:
+        os.close(self._fd)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:  # the store took it
+            pass
 
 
 def shutdown(node_id: str | None = None) -> bool:
@@ -262,10 +504,14 @@ def shutdown(node_id: str | None = None) -> bool:
     For tests and reconfiguration: views other processes hold stay valid, but their handles go stale.
     Returns whether a store was running.
     """
+    session = _current_session()
     node_id = node_id or ray.get_runtime_context().get_node_id()
-    with _clients_lock:
-        _clients.pop(node_id, None)
-    _snapshots.clear()
+    with session.lock:
+        session.clients.pop(node_id, None)
+        follower = session.followers.pop(node_id, None)
+        session.snapshots.clear()
+    if follower is not None:
+        follower.stop()
     return _kill_named(store_name(node_id))
 
 

@@ -49,3 +49,7 @@ class ReadOnlyWeightsError(PolicyStoreError, RuntimeError):
 
 class ShapeMismatchError(PolicyStoreError, ValueError):
     """A snapshot whose tensors do not fit the module it is loaded into."""
+
+
+class InvalidOptionError(PolicyStoreError, TypeError):
+    """An option of the wrong type or out of range (``durable="yes"``, a staging file outside the staging folder)."""

@@ -1,4 +1,9 @@
-"""The hot tier's bookkeeping: which snapshots hold an object-store copy, in least-recently-used order."""
+"""The hot tier's bookkeeping: which snapshots hold an object-store copy, in least-recently-used order.
+
+Every change is also pushed to the node's readers (``watch.Feed``): a snapshot that becomes hot is announced
+with its header and ref, one that stops being hot is announced gone, so readers let go of it and eviction frees
+its memory.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,20 @@ from collections.abc import Iterator
 import ray
 
 from .ids import SnapshotId
+from .watch import Feed
+from .wire import HotSnapshot
 
 
 class HotTier:
     """Object refs of the snapshots held in shared memory, with their sizes, oldest use first.
 
-    Not thread-safe: the store actor calls it under its catalog lock.
+    Not thread-safe: the store actor calls it under its lock.
     """
 
-    def __init__(self, capacity_bytes: int):
+    def __init__(self, capacity_bytes: int, feed: Feed):
         self.capacity_bytes = capacity_bytes
-        self._refs: OrderedDict[SnapshotId, tuple[ray.ObjectRef, int]] = OrderedDict()
+        self._feed = feed
+        self._refs: OrderedDict[SnapshotId, tuple[HotSnapshot, int]] = OrderedDict()
         self.bytes = 0
 
     def __contains__(self, sid: SnapshotId) -> bool:
@@ -27,26 +35,28 @@ class HotTier:
     def __len__(self) -> int:
         return len(self._refs)
 
-    def ref(self, sid: SnapshotId) -> ray.ObjectRef | None:
-        """The snapshot's object, marked as just used; None if it is not hot."""
+    def get(self, sid: SnapshotId) -> HotSnapshot | None:
+        """The snapshot's header and object, marked as just used; None if it is not hot."""
         entry = self._refs.get(sid)
         if entry is None:
             return None
         self._refs.move_to_end(sid)
         return entry[0]
 
-    def add(self, sid: SnapshotId, ref: ray.ObjectRef, nbytes: int) -> None:
+    def add(self, sid: SnapshotId, ref: ray.ObjectRef, nbytes: int, header: bytes) -> None:
+        """Hold ``ref`` (``header``: the snapshot's header bytes, pushed with the ref to readers)."""
         self.remove(sid)
-        self._refs[sid] = (ref, nbytes)
+        snap = HotSnapshot(sid, header, [ref])
+        self._refs[sid] = (snap, nbytes)
         self.bytes += nbytes
+        self._feed.hot(snap)
 
-    def remove(self, sid: SnapshotId) -> ray.ObjectRef | None:
+    def remove(self, sid: SnapshotId) -> None:
         """Forget the store's copy; readers that still hold views keep the object alive until they let go."""
         entry = self._refs.pop(sid, None)
-        if entry is None:
-            return None
-        self.bytes -= entry[1]
-        return entry[0]
+        if entry is not None:
+            self.bytes -= entry[1]
+            self._feed.gone(sid)
 
     def over_capacity(self) -> bool:
         return self.bytes > self.capacity_bytes

@@ -8,31 +8,47 @@ the durable tier) and from then on serves its node from its own copy.
 It is a threaded actor: local bookkeeping happens under one short lock, and all heavy work (copies, checksums,
 disk I/O, fetches) happens outside it, so reads never wait behind a large publish or a slow restore. Concurrent
 gets of one missing snapshot share a single restore or fetch.
+
+It pushes rather than being polled (``watch.py``): a thread follows the catalog's long poll (latest versions,
+deletes), and ``watch`` hands the node's readers those changes plus every snapshot that becomes hot here, with
+its ref, in its own concurrency group. A publish arrives as a staging file in /dev/shm that the publisher
+packed straight into; the store maps it, copies it once into the object store and removes it.
+
+The store holds bytes and names only: it never imports torch.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import os
+import stat
 import threading
+import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 
-from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
+from .config import CATALOG_NAME, NAMESPACE, StoreConfig, staging_dir, store_name
 from .errors import (
     CorruptSnapshotError,
+    InvalidOptionError,
     InvalidWeightsError,
     SnapshotLostError,
     SnapshotTooLargeError,
+    UnknownPolicyError,
 )
 from .format import META_CREATED, META_POLICY, Header, parse_header, verify_buffer
 from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
 from .spill import DiskTier, SpillFile
+from .watch import Feed
+from .wire import CatalogEntry, CatalogEvents, HotSnapshot, SnapshotInfo, StoreEvents, StoreStats, Summary, VerifyReport
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +76,26 @@ def _node_object_store_bytes(node_id: str) -> int:
     raise RuntimeError(f"node {node_id} is not part of this Ray cluster")
 
 
-def _summary(header: Header, durable: bool) -> dict[str, Any]:
-    return {
-        "nbytes": header.nbytes,
-        "checksum": header.checksum,
-        "meta": header.user_meta,
-        "created": float(header.metadata.get(META_CREATED, 0)),
-        "durable": durable,
-    }
+def _summary(header: Header, durable: bool) -> Summary:
+    return Summary(header.nbytes, header.checksum, header.user_meta, float(header.metadata.get(META_CREATED, 0)),
+                   durable)
+
+
+def shareable(buf: np.ndarray) -> Any:
+    """What the store ``ray.put``s for ``buf`` (stand-in for the guard's ``protect.shareable``; replace at merge)."""
+    return buf
+
+
+def open_shared(obj: Any) -> np.ndarray:
+    """The snapshot bytes of what ``ray.get`` returned for ``shareable(buf)`` (stand-in for ``protect.open_shared``;
+    replace at merge)."""
+    return obj
+
+
+def check_durable(durable: object) -> bool:
+    if not isinstance(durable, bool):
+        raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
+    return durable
 
 
 class StoreServer:
@@ -82,8 +110,10 @@ class StoreServer:
         durable_dir = config.resolved_durable_dir()
         self.durable = DiskTier(durable_dir, compress=config.compress) if durable_dir else None
         capacity = config.hot_capacity_bytes or _node_object_store_bytes(node_id) // 2
-        self.hot = HotTier(capacity)
+        self.feed = Feed()
+        self.hot = HotTier(capacity, self.feed)
         self.catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+        self._staging = staging_dir()
         self._lock = threading.Lock()
         self._policies: dict[str, dict[int, _Entry]] = {}  # this node's copies, versions in increasing order
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot
@@ -93,25 +123,116 @@ class StoreServer:
             self._policies.setdefault(found.id.policy_id, {})[found.id.version] = _Entry(found.header, found.file)
         # Tell the catalog what survived on disk, without blocking startup on another actor.
         self._reconciled = ThreadPoolExecutor(1).submit(self._reconcile)
+        threading.Thread(target=self._follow_catalog, name="policystore-catalog-follower", daemon=True).start()
         log.info("policystore on node %s: %d snapshots on %s, hot capacity %d bytes",
                  node_id, sum(map(len, self._policies.values())), spill_dir, capacity)
 
     def _reconcile(self) -> None:
         with self._lock:
-            held = [(sid.policy_id, sid.version, e.header.checksum) for sid, e in self._items_locked()]
-        for pid, version in ray.get(self.catalog.reconcile.remote(self.node_id, held)):
-            log.warning("discarding %s@v%d: never committed, deleted or conflicting", pid, version)
-            self.forget(pid, version)
+            held = [(sid, e.header.checksum) for sid, e in self._items_locked()]
+        for sid in ray.get(self.catalog.reconcile.remote(self.node_id, held)):
+            log.warning("discarding %s: never committed, deleted or conflicting", sid)
+            self.forget(*sid)
+
+    # ---- push ----------------------------------------------------------------------------------------------
+    def _follow_catalog(self) -> None:
+        """Keep the feed's latest versions and deletes in step with the catalog's long poll (daemon thread)."""
+        since, epoch, failures = 0, None, 0
+        while True:
+            sent = time.monotonic()
+            try:
+                events: CatalogEvents = ray.get(
+                    self.catalog.watch.remote(since if epoch else 0, self.config.poll_s / 2),
+                    timeout=self.config.poll_s * 2 + 10,
+                )
+            except Exception as exc:  # catalog restarting: readers see the feed go stale and ask directly
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("following the catalog failed (%s: %s)", type(exc).__name__, str(exc)[:200])
+                time.sleep(min(0.05 * failures, 1.0))
+                continue
+            failures = 0
+            if not events.reset and events.epoch != epoch:
+                epoch = None  # a new catalog: start over from its whole state
+                continue
+            try:
+                self._apply_catalog(events)
+            except Exception:  # never let one bad answer stop the follower
+                log.exception("applying catalog events failed")
+                epoch = None
+                continue
+            since, epoch = events.seq, events.epoch
+            self.feed.heard_until(sent)
+
+    def _apply_catalog(self, events: CatalogEvents) -> None:
+        if events.reset:
+            self.feed.replace_latest(events.latest)
+            return
+        for entry in events.committed:
+            self.feed.raise_latest(*entry.id)
+        for sid in events.deleted:
+            self.forget(*sid)
+            self.feed.deleted(sid)
+            if sid.policy_id not in events.latest and self.feed.latest(sid.policy_id, float("inf")) == sid.version:
+                self.feed.set_latest(sid.policy_id, self._catalog_latest(sid.policy_id))
+        for pid, version in events.latest.items():
+            self.feed.set_latest(pid, version)
+
+    def _catalog_latest(self, policy_id: str) -> int:
+        try:
+            return ray.get(self.catalog.lookup.remote(policy_id)).version
+        except UnknownPolicyError:
+            return 0
+
+    @ray.method(concurrency_group="watch")
+    def watch(self, since: int, timeout_s: float) -> StoreEvents:
+        """The node's league changes after event ``since`` (long poll of at most ``timeout_s``), for readers."""
+        return self.feed.watch(since, min(float(timeout_s), 60.0))
+
+    def touch(self, policy_id: str, version: int) -> None:
+        """A reader started using a pushed snapshot: mark it recently used (readers of pushed refs skip resolve)."""
+        with self._lock:
+            self.hot.get(SnapshotId(policy_id, version))
 
     # ---- publish -------------------------------------------------------------------------------------------
-    def publish(self, policy_id: str, buf: np.ndarray, durable: bool = False) -> tuple[str, int]:
-        """Reserve a version, make this node's copies (and files, if durable), then commit it in the catalog.
-
-        Killed anywhere in between, the version is never committed: the snapshot is complete or absent.
-        """
-        check_policy_id(policy_id)
+    def publish(self, policy_id: str, buf: np.ndarray, durable: bool = False) -> SnapshotId:
+        """Publish a packed snapshot passed by value (a publisher on another node, or without /dev/shm)."""
         if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
             raise InvalidWeightsError("publish takes a packed snapshot (1-D uint8 buffer from policystore.format.pack)")
+        return self._publish(policy_id, buf, durable)
+
+    def publish_staged(self, policy_id: str, path: str, durable: bool = False) -> SnapshotId:
+        """Publish the packed snapshot a publisher on this node wrote to a staging file; the file is removed."""
+        check_policy_id(policy_id)
+        staged = Path(path)
+        if staged.parent != self._staging:
+            raise InvalidOptionError(f"staging file {path!r} is not in the staging folder {self._staging}")
+        try:
+            fd = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise InvalidOptionError(f"cannot open staging file {path!r}: {exc}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size == 0:
+                raise InvalidOptionError(f"staging file {path!r} is not a non-empty regular file of this user")
+            with mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ) as mapped:
+                buf = np.frombuffer(mapped, dtype=np.uint8)
+                try:
+                    return self._publish(policy_id, buf, durable)
+                finally:
+                    del buf  # the mapping closes only once no array views it
+        finally:
+            os.close(fd)
+            staged.unlink(missing_ok=True)
+
+    def _publish(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
+        """Copy ``buf`` into the object store and commit it; durable publishes write their files first.
+
+        Non-durable: one catalog call (``publish``) after the copy. Durable: ``reserve``, fsync'd files, the copy,
+        then ``commit``. Killed anywhere before the commit, the version is never visible: complete or absent.
+        """
+        check_policy_id(policy_id)
+        check_durable(durable)
         what = f"new snapshot of {policy_id!r}"
         header = parse_header(buf, name=what)
         if header.metadata.get(META_POLICY) != policy_id:
@@ -125,36 +246,40 @@ class StoreServer:
             pending = sum(e.nbytes for _, e in self._items_locked() if e.pending is not None)
             committed = self._disk_bytes_locked()
         self.disk.check_room(header.nbytes, committed, pending, what)
-        sid = SnapshotId(policy_id, ray.get(self.catalog.reserve.remote(policy_id, self.node_id)))
         entry = _Entry(header)
-        try:
-            if durable:
+        if durable:
+            sid = SnapshotId(policy_id, ray.get(self.catalog.reserve.remote(policy_id, self.node_id)))
+            try:
                 entry.file = self.disk.commit(self.disk.write_temp(policy_id, buf, header, str(sid)), sid)
                 if self.durable is not None:
                     self.durable.commit(self.durable.write_temp(policy_id, buf, header, str(sid)), sid)
-            ref = ray.put(buf)  # the store's own copy: it must outlive the publisher
-            with self._lock:
-                self._policies.setdefault(policy_id, {})[sid.version] = entry
-                self.hot.add(sid, ref, header.nbytes)
-            ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, durable)))
-            if durable and self.durable is not None:
+                ref = ray.put(shareable(buf))  # the store's own copy: it must outlive the publisher
+                ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, True)))
+            except BaseException:
+                if entry.file is not None:
+                    self.disk.remove(entry.file)
+                if self.durable is not None and (file := self.durable.find(sid)):
+                    self.durable.remove(file)
+                self.catalog.abort.remote(policy_id, sid.version)
+                raise
+            if self.durable is not None:
                 self.catalog.hold.remote(policy_id, sid.version, DURABLE)
-        except BaseException:
-            self.forget(policy_id, sid.version)
-            if durable and self.durable is not None and (file := self.durable.find(sid)):
-                self.durable.remove(file)
-            self.catalog.abort.remote(policy_id, sid.version)
-            raise
+        else:
+            ref = ray.put(shareable(buf))
+            sid = ray.get(self.catalog.publish.remote(policy_id, self.node_id, _summary(header, False))).id
         with self._lock:
+            self._policies.setdefault(policy_id, {})[sid.version] = entry
+            self.hot.add(sid, ref, header.nbytes, bytes(buf[: header.data_offset]))
+            self.feed.raise_latest(*sid)
             self._counters["publishes"] += 1
             if not durable:
                 entry.pending = self._writer.submit(self._spill, sid, entry, ref)
         self._evict(protect=sid)
-        return tuple(sid)
+        return sid
 
     def _spill(self, sid: SnapshotId, entry: _Entry, ref: ray.ObjectRef) -> None:
         """Background write of a non-durable publish or a fetched copy; eviction waits for it."""
-        buf = ray.get(ref)
+        buf = open_shared(ray.get(ref))
         try:
             temp = self.disk.write_temp(sid.policy_id, buf, entry.header, str(sid))
             if self.durable is not None and self.durable.find(sid) is None:
@@ -205,37 +330,39 @@ class StoreServer:
                 wait_for.result()
 
     # ---- read ----------------------------------------------------------------------------------------------
-    def resolve(self, policy_id: str, version: int | None = None) -> tuple[str, int, list[ray.ObjectRef]]:
-        """(policy_id, version, [ref]) of this node's copy: restored from disk or fetched from another node first
-        if needed. The ref travels inside a list so Ray hands it over instead of fetching the bytes into this reply.
+    def resolve(self, policy_id: str, version: int | None = None) -> HotSnapshot:
+        """This node's copy (latest version by default): restored from disk or fetched from another node first if
+        needed. The ref travels inside a list so Ray hands it over instead of fetching the bytes into this reply.
         """
         check_policy_id(policy_id)
         info = None
         if version is None:
+            version = self.feed.latest(policy_id, self.config.max_staleness_s)
+        if version is None:
             info = ray.get(self.catalog.lookup.remote(policy_id))
-            version = info["version"]
+            version = info.version
         sid = SnapshotId(policy_id, check_version(version))
         with self._lock:
             entry = self._policies.get(policy_id, {}).get(sid.version)
             if entry is not None and entry.corrupt:
                 raise CorruptSnapshotError(entry.corrupt)
-            ref = self.hot.ref(sid) if entry is not None else None
-            if ref is not None:
+            hot = self.hot.get(sid) if entry is not None else None
+            if hot is not None:
                 self._counters["hits"] += 1
-                return (*sid, [ref])
+                return hot
             self._counters["misses"] += 1
             future = self._inflight.get(sid)
             leader = future is None
             if leader:
                 future = self._inflight[sid] = Future()
         if not leader:
-            return (*sid, [future.result()])
+            return future.result()
         try:
             if entry is not None:
-                ref = self._restore(sid, entry)
+                hot = self._restore(sid, entry)
             else:
-                ref = self._fetch(sid, info or ray.get(self.catalog.lookup.remote(policy_id, sid.version)))
-            future.set_result(ref)
+                hot = self._fetch(sid, info or ray.get(self.catalog.lookup.remote(policy_id, sid.version)))
+            future.set_result(hot)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -243,32 +370,35 @@ class StoreServer:
             with self._lock:
                 self._inflight.pop(sid, None)
         self._evict(protect=sid)
-        return (*sid, [ref])
+        return hot
 
-    def _restore(self, sid: SnapshotId, entry: _Entry) -> ray.ObjectRef:
+    def _restore(self, sid: SnapshotId, entry: _Entry) -> HotSnapshot:
         if entry.file is None:
             raise SnapshotLostError(f"{sid} is neither in memory nor on this node's disk ({entry.spill_error})")
         try:
-            ref = ray.put(self.disk.read(entry.file, str(sid)))
+            buf = self.disk.read(entry.file, str(sid))
         except CorruptSnapshotError:
             with self._lock:
                 self._counters["corrupt_reads"] += 1
             raise
+        hot = HotSnapshot(sid, bytes(buf[: entry.header.data_offset]), [ray.put(shareable(buf))])
+        del buf
         with self._lock:
             if self._policies.get(sid.policy_id, {}).get(sid.version) is entry:
-                self.hot.add(sid, ref, entry.nbytes)
+                self.hot.add(sid, hot.refs[0], entry.nbytes, hot.header)
             self._counters["restores"] += 1
-        return ref
+        return hot
 
-    def _fetch(self, sid: SnapshotId, info: dict[str, Any]) -> ray.ObjectRef:
+    def _fetch(self, sid: SnapshotId, info: CatalogEntry) -> HotSnapshot:
         """Copy a snapshot this node lacks from a node that holds it (or the durable tier): once per node."""
         problems = []
         buf = None
-        for holder in [h for h in info["holders"] if h not in (self.node_id, DURABLE)]:
+        for holder in [h for h in info.holders if h not in (self.node_id, DURABLE)]:
             try:
                 peer = ray.get_actor(store_name(holder), namespace=NAMESPACE)
-                _, _, (remote,) = ray.get(peer.resolve.remote(*sid), timeout=_FETCH_TIMEOUT_S)
-                buf = ray.get(remote, timeout=_FETCH_TIMEOUT_S)  # the bytes cross the network here, once
+                remote = ray.get(peer.resolve.remote(*sid), timeout=_FETCH_TIMEOUT_S)
+                # the bytes cross the network here, once
+                buf = open_shared(ray.get(remote.refs[0], timeout=_FETCH_TIMEOUT_S))
                 verify_buffer(buf, name=f"{sid} from node {holder}")
                 break
             except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
@@ -279,68 +409,78 @@ class StoreServer:
         if buf is None:
             raise SnapshotLostError(
                 f"{sid} is in the catalog but no live copy could be fetched "
-                f"(holders {info['holders']}; {'; '.join(problems) or 'no durable tier'})"
+                f"(holders {list(info.holders)}; {'; '.join(problems) or 'no durable tier'})"
             )
         header = parse_header(buf, name=str(sid))
-        if header.checksum != info["checksum"]:
-            raise CorruptSnapshotError(f"{sid}: fetched checksum {header.checksum} != catalog {info['checksum']}")
-        ref = ray.put(buf)  # this node's own copy: it does not depend on the source node staying alive
+        if header.checksum != info.summary.checksum:
+            raise CorruptSnapshotError(f"{sid}: fetched checksum {header.checksum} != catalog {info.summary.checksum}")
+        # this node's own copy: it does not depend on the source node staying alive
+        hot = HotSnapshot(sid, bytes(buf[: header.data_offset]), [ray.put(shareable(buf))])
         del buf
         entry = _Entry(header)
         with self._lock:
             self._policies.setdefault(sid.policy_id, {})[sid.version] = entry
-            self.hot.add(sid, ref, header.nbytes)
+            self.hot.add(sid, hot.refs[0], header.nbytes, hot.header)
             self._counters["fetches"] += 1
-            entry.pending = self._writer.submit(self._spill, sid, entry, ref)
+            entry.pending = self._writer.submit(self._spill, sid, entry, hot.refs[0])
         self.catalog.hold.remote(sid.policy_id, sid.version, self.node_id)
-        return ref
+        return hot
 
-    def list(self, policy_id: str | None = None) -> list[dict[str, Any]]:
-        rows = ray.get(self.catalog.list.remote(policy_id))
+    def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
+        entries: list[CatalogEntry] = ray.get(self.catalog.list.remote(policy_id))
+        rows = []
         with self._lock:
-            for row in rows:
-                sid = SnapshotId(row["policy_id"], row["version"])
-                entry = self._policies.get(sid.policy_id, {}).get(sid.version)
-                row["tier"] = "hot" if sid in self.hot else "disk" if entry is not None else "remote"
-                row["on_disk"] = bool(entry and entry.file)
-                row["file_bytes"] = entry.file.file_bytes if entry and entry.file else 0
-                row["compressed"] = bool(entry and entry.file and entry.file.compressed)
-                row["error"] = entry and (entry.corrupt or entry.spill_error)
-                if entry is not None:
-                    row["nbytes"] = entry.nbytes
+            for e in entries:
+                local = self._policies.get(e.id.policy_id, {}).get(e.id.version)
+                file = local.file if local is not None else None
+                rows.append(SnapshotInfo(
+                    id=e.id,
+                    nbytes=local.nbytes if local is not None else e.summary.nbytes,
+                    tier="hot" if e.id in self.hot else "disk" if local is not None else "remote",
+                    on_disk=file is not None,
+                    file_bytes=file.file_bytes if file is not None else 0,
+                    compressed=bool(file and file.compressed),
+                    meta=e.summary.meta,
+                    created=e.summary.created,
+                    checksum=e.summary.checksum,
+                    holders=e.holders,
+                    error=(local.corrupt or local.spill_error) if local is not None else None,
+                ))
         return rows
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StoreStats:
         with self._lock:
             entries = [e for _, e in self._items_locked()]
-            return {
-                "node_id": self.node_id,
-                "spill_dir": str(self.disk.root),
-                "durable_dir": str(self.durable.root) if self.durable else None,
-                "hot_bytes": self.hot.bytes,
-                "hot_snapshots": len(self.hot),
-                "hot_capacity_bytes": self.hot.capacity_bytes,
-                "disk_bytes": self._disk_bytes_locked(),
-                "disk_snapshots": sum(e.file is not None for e in entries),
-                "snapshots": len(entries),
-                "pending_spills": sum(e.pending is not None for e in entries),
+            return StoreStats(
+                node_id=self.node_id,
+                spill_dir=str(self.disk.root),
+                durable_uri=self.config.durable_uri,
+                hot_bytes=self.hot.bytes,
+                hot_snapshots=len(self.hot),
+                hot_capacity_bytes=self.hot.capacity_bytes,
+                disk_bytes=self._disk_bytes_locked(),
+                disk_snapshots=sum(e.file is not None for e in entries),
+                snapshots=len(entries),
+                pending_spills=sum(e.pending is not None for e in entries),
+                watchers=self.feed.watchers,
                 **{k: self._counters[k] for k in (
                     "hits", "misses", "evictions", "restores", "fetches", "publishes", "spill_errors", "corrupt_reads"
                 )},
-            }
+            )
 
     def store_config(self) -> StoreConfig:
         return self.config
 
     # ---- maintenance ---------------------------------------------------------------------------------------
-    def delete(self, policy_id: str, version: int | None = None) -> list[tuple[str, int]]:
+    def delete(self, policy_id: str, version: int | None = None) -> list[SnapshotId]:
         """Delete one version, or every version when ``version`` is None, on every node. Versions are never reused."""
-        removed = ray.get(self.catalog.delete.remote(policy_id, version))
+        removed: list[CatalogEntry] = ray.get(self.catalog.delete.remote(policy_id, version))
         peers = []
         for entry in removed:
-            sid = SnapshotId(policy_id, entry["version"])
+            sid = entry.id
             self.forget(*sid)
-            for holder in entry["holders"]:
+            self.feed.deleted(sid)
+            for holder in entry.holders:
                 if holder == DURABLE and self.durable is not None and (file := self.durable.find(sid)):
                     self.durable.remove(file)
                 elif holder not in (DURABLE, self.node_id):
@@ -348,8 +488,10 @@ class StoreServer:
                         peers.append(ray.get_actor(store_name(holder), namespace=NAMESPACE).forget.remote(*sid))
                     except ValueError:
                         pass  # that node's store is gone, and its copies with it
+        if removed:
+            self.feed.set_latest(policy_id, self._catalog_latest(policy_id))
         ray.wait(peers, num_returns=len(peers), timeout=30)
-        return [(policy_id, e["version"]) for e in removed]
+        return [e.id for e in removed]
 
     def forget(self, policy_id: str, version: int) -> None:
         """Drop this node's copies of one snapshot (memory and disk)."""
@@ -361,23 +503,23 @@ class StoreServer:
         if entry is not None and entry.file is not None:
             self.disk.remove(entry.file)
 
-    def verify(self, policy_id: str, version: int | None = None) -> dict[str, Any]:
+    def verify(self, policy_id: str, version: int | None = None) -> VerifyReport:
         """Re-check the recorded checksum on this node's copies (memory, disk) and the durable tier's.
 
-        A corrupt hot copy is dropped, so the next get restores the verified disk copy (readers that already
-        hold views keep what they have).
+        A corrupt hot copy is dropped (``healed``), so the next get restores the verified disk copy (readers that
+        already hold views keep what they have; the client that called verify drops its own).
         """
-        info = ray.get(self.catalog.lookup.remote(policy_id, version))
-        sid = SnapshotId(policy_id, info["version"])
+        info: CatalogEntry = ray.get(self.catalog.lookup.remote(policy_id, version))
+        sid = info.id
         with self._lock:
             entry = self._policies.get(policy_id, {}).get(sid.version)
-            ref = self.hot.ref(sid) if entry is not None else None
+            hot = self.hot.get(sid) if entry is not None else None
             file = entry.file if entry is not None else None
-        report: dict[str, Any] = {"policy_id": sid.policy_id, "version": sid.version, "hot": None, "disk": None}
+        found: dict[str, bool | None] = {"hot": None, "disk": None, "durable": None}
         problems = []
         checks = []
-        if ref is not None:
-            checks.append(("hot", lambda: ray.get(ref), f"{sid} (shared-memory copy)"))
+        if hot is not None:
+            checks.append(("hot", lambda: open_shared(ray.get(hot.refs[0])), f"{sid} (shared-memory copy)"))
         if file is not None:
             checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)"), None))
         if self.durable is not None and (durable_file := self.durable.find(sid)) is not None:
@@ -386,19 +528,21 @@ class StoreServer:
             try:
                 buf = load()
                 header = verify_buffer(buf, name=what) if what else parse_header(buf, name=str(sid))
-                if header.checksum != info["checksum"]:
+                del buf
+                if header.checksum != info.summary.checksum:
                     raise CorruptSnapshotError(f"{sid} ({name} copy): checksum differs from the catalog's")
-                report[name] = True
+                found[name] = True
             except CorruptSnapshotError as exc:
-                report[name] = False
+                found[name] = False
                 problems.append(str(exc))
-        if report["hot"] is False:
+        healed = False
+        if found["hot"] is False:
             with self._lock:
                 self.hot.remove(sid)
-                if report["disk"] is not True and entry is not None:
+                healed = found["disk"] is True or found["durable"] is True
+                if not healed and entry is not None:
                     entry.corrupt = problems[0]
-        report["problems"] = problems
-        return report
+        return VerifyReport(sid, found["hot"], found["disk"], found["durable"], tuple(problems), healed)
 
     def flush(self) -> int:
         """Wait until every background spill (and the startup reconcile) has finished; returns how many."""

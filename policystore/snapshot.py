@@ -9,7 +9,7 @@ import numpy as np
 import ray
 import torch
 
-from .format import parse_header
+from .format import Header, parse_header
 from .ids import SnapshotId
 from .views import SharedTensor, tensor_views
 
@@ -21,12 +21,17 @@ class Snapshot(Mapping[str, torch.Tensor]):
     snapshot (the object store cannot free memory a reader still maps).
     """
 
-    def __init__(self, sid: SnapshotId, buffer: np.ndarray, ref: ray.ObjectRef | None = None):
+    def __init__(
+        self, sid: SnapshotId, buffer: np.ndarray, ref: ray.ObjectRef | None = None, header: Header | None = None
+    ):
+        """``header``: already parsed (a pushed snapshot's, parsed off the read path); else parsed here."""
         self.id = sid
         self._buffer = buffer
         self._ref = ref  # keeps this process a borrower of the store's object
-        self._header = parse_header(buffer, name=str(sid))
-        self._views = tensor_views(buffer, self._header, str(sid))
+        if header is None or header.nbytes != len(buffer):
+            header = parse_header(buffer, name=str(sid))
+        self._header = header
+        self._views = tensor_views(buffer, header, str(sid))
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -1,0 +1,268 @@
+"""The push: how a node's store tells the processes that read from it what changed, without them asking per get.
+
+Store side, ``Feed``: numbered events (a policy's latest version changed; a snapshot became hot on the node, with
+its header and object ref; a snapshot stopped being hot; a snapshot was deleted) that ``StoreServer.watch`` hands
+out as a long poll. Reader side, ``Follower``: one daemon thread per process and node store that follows that
+long poll, holding the pushed refs (so a get of a pushed version is one ``ray.get``, no actor call) and dropping
+them when the store says a snapshot is gone (so eviction frees the memory).
+
+Staleness: the store stamps what it hands out with ``as_of``, its ``time.monotonic()`` before the catalog call
+whose answer it has applied: every commit made before ``as_of`` is in the feed. A reader on the same node (same
+clock) trusts its pushed "latest" only while ``now - as_of <= max_staleness_s``; so ``get(pid)`` never misses a
+version committed more than ``max_staleness_s`` before it, and past that bound it asks the store instead.
+Nothing here imports torch: the store actor uses the feed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ray
+
+from .config import NAMESPACE, StoreConfig, store_name
+from .format import Header, parse_header
+from .ids import SnapshotId
+from .wire import HotSnapshot, StoreEvents
+
+log = logging.getLogger(__name__)
+
+_KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
+
+
+class Feed:
+    """A node store's league state and its change log, for ``StoreServer.watch`` (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.epoch = uuid.uuid4().hex  # a restarted store is a new feed: its followers reset
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._log: deque[tuple[int, str, object]] = deque(maxlen=_KEEP_EVENTS)
+        self._latest: dict[str, int] = {}
+        self._hot: dict[SnapshotId, HotSnapshot] = {}
+        self._as_of = -math.inf  # no catalog answer applied yet: nobody may trust "latest"
+        self._closed = False
+        self.watchers = 0
+
+    # ---- what the store reports ------------------------------------------------------------------------------
+    def _emit(self, kind: str, payload: object) -> None:
+        self._seq += 1
+        self._log.append((self._seq, kind, payload))
+        self._cond.notify_all()
+
+    def set_latest(self, policy_id: str, version: int) -> None:
+        """The newest committed version of a policy (0: none left)."""
+        with self._cond:
+            if self._latest.get(policy_id, 0) != version:
+                if version:
+                    self._latest[policy_id] = version
+                else:
+                    self._latest.pop(policy_id, None)
+                self._emit("latest", (policy_id, version))
+
+    def raise_latest(self, policy_id: str, version: int) -> None:
+        """A commit seen first-hand (this store's own publish): latest only ever moves up this way."""
+        with self._cond:
+            if version > self._latest.get(policy_id, 0):
+                self._latest[policy_id] = version
+                self._emit("latest", (policy_id, version))
+
+    def replace_latest(self, latest: dict[str, int]) -> None:
+        """The catalog's whole view (after a reset): policies it no longer has are reported as gone."""
+        for pid in [p for p in self._latest if p not in latest]:
+            self.set_latest(pid, 0)
+        for pid, version in latest.items():
+            self.set_latest(pid, version)
+
+    def hot(self, snap: HotSnapshot) -> None:
+        with self._cond:
+            self._hot[snap.id] = snap
+            self._emit("hot", snap)
+
+    def gone(self, sid: SnapshotId) -> None:
+        with self._cond:
+            if self._hot.pop(sid, None) is not None:
+                self._emit("gone", sid)
+
+    def deleted(self, sid: SnapshotId) -> None:
+        with self._cond:
+            self._hot.pop(sid, None)
+            self._emit("deleted", sid)
+
+    def heard_until(self, as_of: float) -> None:
+        """Everything the catalog committed before ``as_of`` (store clock) is in the feed."""
+        with self._cond:
+            self._as_of = max(self._as_of, as_of)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # ---- what readers ask ------------------------------------------------------------------------------------
+    def latest(self, policy_id: str, max_staleness_s: float) -> int | None:
+        """The latest version if the feed is fresh and knows the policy, else None (ask the catalog)."""
+        with self._cond:
+            if time.monotonic() - self._as_of > max_staleness_s:
+                return None
+            return self._latest.get(policy_id)
+
+    def watch(self, since: int, timeout_s: float) -> StoreEvents:
+        """Changes after event ``since`` (a reset with the whole state when ``since`` is 0, unknown or too old);
+        waits up to ``timeout_s`` for one."""
+        with self._cond:
+            self.watchers += 1
+            try:
+                self._cond.wait_for(lambda: self._seq > since or self._closed, timeout=max(0.0, timeout_s))
+            finally:
+                self.watchers -= 1
+            oldest = self._log[0][0] if self._log else self._seq + 1
+            if since <= 0 or since > self._seq or since + 1 < oldest:
+                return StoreEvents(self._seq, True, self._as_of, dict(self._latest), tuple(self._hot.values()),
+                                   epoch=self.epoch)
+            latest: dict[str, int] = {}
+            hot: dict[SnapshotId, HotSnapshot] = {}
+            gone: set[SnapshotId] = set()
+            deleted: set[SnapshotId] = set()
+            for seq, kind, payload in self._log:
+                if seq <= since:
+                    continue
+                if kind == "latest":
+                    latest[payload[0]] = payload[1]
+                elif kind == "hot":
+                    hot[payload.id] = payload
+                else:
+                    hot.pop(payload, None)
+                    gone.add(payload)
+                    if kind == "deleted":
+                        deleted.add(payload)
+            # a reader applies gone before hot: a snapshot evicted then restored ends up with its new ref
+            current = tuple(s for s in hot.values() if self._hot.get(s.id) is s)
+            return StoreEvents(self._seq, False, self._as_of, latest, current, tuple(gone), tuple(deleted),
+                               self.epoch)
+
+
+@dataclass(frozen=True)
+class PushState:
+    """What one process has been pushed by one node store (``PolicyStore.push_state()``)."""
+
+    following: bool  # a follower thread runs (only for the store of the process's own node)
+    fresh: bool  # within max_staleness_s: get(pid) of latest needs no actor call
+    age_s: float  # now - the store's as_of of the last answer (inf before the first)
+    latest: dict[str, int]
+    hot: tuple[SnapshotId, ...]  # snapshots this process holds a pushed ref to
+
+
+def _parse_pushed(snap: HotSnapshot) -> Header:
+    """The header of a pushed snapshot, parsed off the read path (its total size is in the header itself)."""
+    raw = json.loads(snap.header[8:])
+    raw.pop("__metadata__", None)
+    data = max((info["data_offsets"][1] for info in raw.values()), default=0)
+    return parse_header(snap.header, name=str(snap.id), total=len(snap.header) + data)
+
+
+class Follower:
+    """Reader side: follows one node store's feed from a daemon thread; thread-safe lookups for the read path."""
+
+    def __init__(self, node_id: str, config: StoreConfig, on_deleted: Callable[[SnapshotId], None]):
+        self._name = store_name(node_id)
+        self._actor: ray.actor.ActorHandle | None = None  # looked up by name: a store started anew is found
+        self._poll_s = config.poll_s
+        self._max_staleness_s = config.max_staleness_s
+        self._on_deleted = on_deleted
+        self._lock = threading.Lock()
+        self._latest: dict[str, int] = {}
+        self._hot: dict[SnapshotId, tuple[ray.ObjectRef, Header]] = {}
+        self._as_of = -math.inf
+        self._epoch: str | None = None
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"policystore-follow-{node_id[:12]}", daemon=True)
+        self._thread.start()
+
+    def latest(self, policy_id: str) -> int | None:
+        """The pushed latest version, or None when the push is older than max_staleness_s or knows nothing."""
+        if time.monotonic() - self._as_of > self._max_staleness_s:
+            return None
+        return self._latest.get(policy_id)
+
+    def hot(self, sid: SnapshotId) -> tuple[ray.ObjectRef, Header] | None:
+        return self._hot.get(sid)
+
+    def drop(self, sid: SnapshotId, deleted: bool = False) -> None:
+        """Let go of a pushed ref (found dead or damaged); ``deleted``: also stop calling it the latest version."""
+        with self._lock:
+            self._hot.pop(sid, None)
+            if deleted and self._latest.get(sid.policy_id) == sid.version:
+                del self._latest[sid.policy_id]
+
+    def state(self) -> PushState:
+        with self._lock:
+            age = time.monotonic() - self._as_of
+            return PushState(self._thread.is_alive(), age <= self._max_staleness_s, age, dict(self._latest),
+                             tuple(self._hot))
+
+    def stop(self) -> None:
+        """Stop following and drop every pushed ref (the thread ends after its current poll)."""
+        self._stop.set()
+        with self._lock:
+            self._hot.clear()
+            self._latest.clear()
+            self._as_of = -math.inf
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set() and ray.is_initialized():
+            try:
+                if self._actor is None:
+                    self._actor = ray.get_actor(self._name, namespace=NAMESPACE)
+                call = self._actor.watch.remote(self._seq if self._epoch else 0, self._poll_s)
+                events = ray.get(call, timeout=self._poll_s * 4 + 10)
+            except Exception as exc:  # store restarting or gone, Ray shutting down: reads fall back meanwhile
+                if self._stop.is_set() or not ray.is_initialized():
+                    return
+                if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
+                    self._actor = None  # stopped for good (or not there yet): find its successor by name
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.info("policystore: following the store failed (%s); reads ask it directly meanwhile",
+                             type(exc).__name__)
+                time.sleep(min(0.05 * failures, 1.0))
+                continue
+            failures = 0
+            if not self._stop.is_set():
+                self._apply(events)
+
+    def _apply(self, events: StoreEvents) -> None:
+        if not events.reset and events.epoch != self._epoch:
+            self._epoch = None  # a different store answered (restarted): ask for its whole state
+            return
+        parsed = {}
+        for snap in events.hot:
+            try:
+                parsed[snap.id] = (snap.refs[0], _parse_pushed(snap))
+            except Exception as exc:  # never trust a header unchecked; such a snapshot is read with a round trip
+                log.warning("policystore: ignoring pushed %s: %s", snap.id, exc)
+        with self._lock:
+            if events.reset:
+                self._hot, self._latest = {}, {}
+                self._epoch = events.epoch
+            for sid in events.gone:
+                self._hot.pop(sid, None)
+            self._hot.update(parsed)
+            for pid, version in events.latest.items():
+                if version:
+                    self._latest[pid] = version
+                else:
+                    self._latest.pop(pid, None)
+            self._seq = events.seq
+            self._as_of = events.as_of
+        for sid in events.deleted:
+            self._on_deleted(sid)
