@@ -4,232 +4,548 @@ One small actor per cluster (``policystore-catalog``) is the single source of tr
 ``list()`` and ``get(pid)`` agree on every node as soon as ``publish`` returns. It never sees snapshot bytes:
 the per-node stores are the data plane and fetch from each other (or from the durable tier) directly.
 
-Publishing is two-phase, so a store killed mid-publish leaves the snapshot complete or absent, never partial:
-``reserve`` hands out the next version (invisible), the store makes its copies (and, for durable publishes, its
-files), then ``commit`` makes the version visible. Every change is appended to a JSON-lines journal (reserve and
-commit fsync'd) that a restarted catalog replays.
+State lives in an sqlite database (``catalogdb.py``, WAL mode), one transaction per change, so a catalog killed
+at any point restarts with every acknowledged change and nothing half-done, and a full disk rolls the change back
+instead of leaving a phantom entry. Publishing a durable snapshot is two-phase (``reserve``, the store writes its
+files, ``commit``), so a store killed mid-publish leaves the snapshot complete or absent; a non-durable publish is
+one call (``publish``). Latest is always the highest committed version, whatever order commits arrive in.
+
+What must survive a power cut is synced (``synchronous=FULL``): reserve, durable commits, deletes, adoption.
+A non-durable publish is not (its bytes live in memory and would not survive either); version numbers still never
+repeat, because each policy's versions are handed out from a block whose end is synced first, and a catalog that
+finds the machine rebooted continues after that block (and starts a new epoch for its watchers).
+
+Watchers (the per-node stores) long-poll ``watch``, served by its own concurrency group so it never holds up
+other calls; create the actor with ``ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(CatalogServer)``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import os
 import threading
+import time
 import uuid
-from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from . import catalogdb
+from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
 from .config import StoreConfig
-from .errors import UnknownPolicyError, UnknownVersionError
+from .errors import InvalidMetaError, InvalidWeightsError, UnknownPolicyError, UnknownVersionError
 from .ids import SnapshotId, check_policy_id, check_version
-from .wire import CatalogEntry, CatalogEvents, Summary
+from .journal import read_journal
+from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Reconciled, Summary
 
 log = logging.getLogger(__name__)
 
+WATCH_GROUP = "watch"
+# One thread per concurrent long poll (one per node's store). A watcher beyond these waits in line, for at most
+# one timeout of the polls ahead of it.
+CONCURRENCY_GROUPS = {WATCH_GROUP: 64}
+MAX_META_BYTES = 64 * 1024
+MAX_META_DEPTH = 16
+VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version counter
+MAX_WATCH_S = 60.0
+MAX_EVENTS = 1000  # per watch answer; the watcher asks again from the answer's seq
+EVENT_LOG_KEEP = 10_000  # events kept for watchers that fall behind; older ones get a reset
+
+_ENTRY = "SELECT pid, version, nbytes, checksum, meta, created, durable FROM snapshots"
+
+
+def meta_json(meta: Any) -> str:
+    """``meta`` as compact JSON, or InvalidMetaError if it is not a str-keyed JSON object within the bounds."""
+    if not isinstance(meta, dict):
+        raise InvalidMetaError(f"meta must be a dict, got {type(meta).__name__}")
+    stack = [(meta, 1)]
+    while stack:  # iterative: a deep meta must not exhaust the interpreter's stack before it is refused
+        value, depth = stack.pop()
+        if depth > MAX_META_DEPTH:
+            raise InvalidMetaError(f"meta is nested deeper than {MAX_META_DEPTH} levels")
+        if isinstance(value, dict) and not all(isinstance(key, str) for key in value):
+            raise InvalidMetaError(f"meta keys must be str (JSON would turn them into str): {list(value)[:5]}")
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    try:
+        text = json.dumps(meta, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMetaError(f"meta is not JSON: {exc}") from None
+    if len(text.encode()) > MAX_META_BYTES:
+        raise InvalidMetaError(f"meta is {len(text.encode())} bytes as JSON, over the {MAX_META_BYTES}-byte limit")
+    return text
+
+
+def _check_summary(summary: Any) -> str:
+    """Validate a store's summary before anything is written; returns its meta as JSON."""
+    if not isinstance(summary, Summary):
+        raise InvalidWeightsError(f"the catalog takes a wire.Summary, got {type(summary).__name__}")
+    if isinstance(summary.nbytes, bool) or not isinstance(summary.nbytes, int) or summary.nbytes < 0:
+        raise InvalidWeightsError(f"summary.nbytes must be an int >= 0, got {summary.nbytes!r}")
+    if not isinstance(summary.checksum, str) or not summary.checksum:
+        raise InvalidWeightsError(f"summary.checksum must be a non-empty str, got {summary.checksum!r}")
+    if not isinstance(summary.created, (int, float)) or not isinstance(summary.durable, bool):
+        raise InvalidWeightsError(f"summary.created must be a number and durable a bool: {summary!r}")
+    return meta_json(summary.meta)
+
+
+def _check_node(node_id: Any) -> str:
+    if not isinstance(node_id, str) or not node_id:
+        raise InvalidWeightsError(f"node id must be a non-empty str, got {node_id!r}")
+    return node_id
+
 
 class CatalogServer:
-    """Run as a Ray actor (see ``client.connect``). Entries: pid -> {version -> summary + holders}."""
+    """Run as a Ray actor (see ``client.connect``); a plain class, so tests drive it directly.
 
-    def __init__(self, journal_path: str, config: StoreConfig):
+    ``db_path``: the sqlite database, on the catalog node's local disk. ``legacy_journal``: where an older
+    catalog kept its JSON-lines journal; if that file exists it is imported once, then renamed ``*.imported``.
+    """
+
+    def __init__(
+        self,
+        db_path: str,
+        config: StoreConfig,
+        legacy_journal: str | None = None,
+        *,
+        event_log_keep: int = EVENT_LOG_KEEP,
+    ):
         self.config = config  # the cluster's store settings: stores started later, anywhere, use them
-        self._lock = threading.RLock()
-        self._committed: dict[str, dict[int, dict[str, Any]]] = {}  # versions in increasing order
-        self._reserved: dict[tuple[str, int], str] = {}  # (pid, version) -> reserving node
-        self._next: dict[str, int] = {}
-        self._changed = threading.Condition(self._lock)
-        self._seq = 0
-        self._events: deque[tuple[int, str, Any]] = deque(maxlen=4096)  # (seq, "commit"|"delete", payload)
-        self._epoch = uuid.uuid4().hex
-        self._path = Path(journal_path)
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        if self._path.exists():
-            self._replay()
-        self._journal = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the actor
-        log.info("catalog: %d snapshots from %s", sum(map(len, self._committed.values())), self._path)
+        self._path = Path(db_path)
+        self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
+        self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
+        self._keep = max(1, event_log_keep)
+        opened = catalogdb.open_db(self._path)
+        self._db = opened.conn
+        self._new = opened.new
+        self._problems = opened.problems
+        if opened.salvage is not None:
+            self._write_salvage(opened.salvage)
+        self._after_reboot()
+        self._imported = self._import_journal(Path(legacy_journal)) if legacy_journal else 0
+        self._epoch = catalogdb.info(self._db, "epoch")
+        self._pruned = int(catalogdb.info(self._db, "pruned_through", "0"))
+        self._seq = self._current_seq()
+        for problem in self._problems:
+            log.error("catalog: %s", problem)
+        health = self.health()
+        log.info("catalog: %d snapshots of %d policies in %s (%s database, epoch %s)", health.snapshots,
+                 health.policies, self._path, "new" if self._new else "existing", self._epoch)
 
     def store_config(self) -> StoreConfig:
         return self.config
 
-    # ---- journal -------------------------------------------------------------------------------------------
-    def _replay(self) -> None:
-        for line in self._path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("catalog journal: skipping a torn line")  # a crash mid-append
-                continue
-            self._apply(record)
+    def health(self) -> CatalogHealth:
+        """What startup found (damage, salvage, imports) and how big the catalog is."""
+        with self._lock:
+            counts = dict(self._db.execute("SELECT state, count(*) FROM snapshots GROUP BY state").fetchall())
+            policies = self._db.execute("SELECT count(*) FROM policies WHERE latest > 0").fetchone()[0]
+            return CatalogHealth(
+                path=str(self._path), epoch=self._epoch, new=self._new, problems=tuple(self._problems),
+                imported=self._imported, seq=self._seq, policies=policies, snapshots=counts.get(COMMITTED, 0),
+                reserved=counts.get(RESERVED, 0),
+            )
 
-    def _record(self, record: dict[str, Any], sync: bool) -> None:
-        self._apply(record)
-        if record["op"] in ("commit", "delete"):
-            self._seq += 1
-            sid = SnapshotId(record["pid"], record["v"])
-            self._events.append((self._seq, record["op"], self._entry(*sid) if record["op"] == "commit" else sid))
-            self._changed.notify_all()
-        self._journal.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._journal.flush()
-        if sync:
-            os.fsync(self._journal.fileno())
-
-    def _apply(self, r: dict[str, Any]) -> None:
-        op, pid = r["op"], r.get("pid")
-        key = (pid, r.get("v"))
-        if op == "reserve":
-            self._reserved[key] = r["node"]
-            self._next[pid] = max(self._next.get(pid, 1), r["v"] + 1)
-        elif op == "commit":
-            self._reserved.pop(key, None)
-            self._committed.setdefault(pid, {})[r["v"]] = {**r["summary"], "holders": [r["node"]]}
-            self._next[pid] = max(self._next.get(pid, 1), r["v"] + 1)
-        elif op == "abort":
-            self._reserved.pop(key, None)
-        elif op in ("hold", "drop"):
-            entry = self._committed.get(pid, {}).get(r["v"])
-            if entry is not None:
-                holders = [n for n in entry["holders"] if n != r["node"]]
-                entry["holders"] = [*holders, r["node"]] if op == "hold" else holders
-        elif op == "delete":
-            versions = self._committed.get(pid, {})
-            versions.pop(r["v"], None)
-            if not versions:
-                self._committed.pop(pid, None)
+    def close(self) -> None:
+        """Close the database (an orderly stop; a killed catalog loses nothing it acknowledged either)."""
+        with self._lock:
+            self._db.close()
 
     # ---- publish -------------------------------------------------------------------------------------------
     def reserve(self, policy_id: str, node_id: str) -> int:
+        """A new version of ``policy_id``, invisible until ``commit``: the first phase of a durable publish."""
         check_policy_id(policy_id)
-        with self._lock:
-            version = self._next.get(policy_id, 1)
-            self._record({"op": "reserve", "pid": policy_id, "v": version, "node": node_id}, sync=True)
-            return version
+        _check_node(node_id)
+        with self._write(durable=True) as db:
+            version = self._next_version(db, policy_id)
+            db.execute("INSERT INTO snapshots (pid, version, state, node) VALUES (?, ?, ?, ?)",
+                       (policy_id, version, RESERVED, node_id))
+        return version
 
     def commit(self, policy_id: str, version: int, node_id: str, summary: Summary) -> CatalogEntry:
-        with self._lock:
-            if (policy_id, version) not in self._reserved:
-                raise UnknownVersionError(f"{policy_id}@v{version} was not reserved (or was aborted)")
-            record = {"op": "commit", "pid": policy_id, "v": version, "node": node_id,
-                      "summary": dataclasses.asdict(summary)}
-            self._record(record, True)
-            return self._entry(policy_id, version)
+        """Make a reserved version visible (synced: a committed snapshot survives a power cut)."""
+        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+        meta = _check_summary(summary)
+        _check_node(node_id)
+        with self._write(durable=True) as db:
+            row = db.execute("SELECT state, checksum FROM snapshots WHERE pid = ? AND version = ?", sid).fetchone()
+            if row == (COMMITTED, summary.checksum):  # a retried commit that had landed
+                return self._entry(sid)
+            if row is None or row[0] != RESERVED:
+                state = "not reserved" if row is None else f"{row[0]} (checksum {row[1]})" if row[1] else row[0]
+                raise UnknownVersionError(f"{sid} cannot be committed: it is {state}")
+            self._record_commit(db, sid, node_id, summary, meta)
+        return self._entry(sid)
 
     def publish(self, policy_id: str, node_id: str, summary: Summary) -> CatalogEntry:
-        """reserve + commit in one call (a non-durable publish: nothing to make durable in between)."""
+        """Reserve and commit a new version in one call and one transaction (a non-durable publish's one trip)."""
+        check_policy_id(policy_id)
+        meta = _check_summary(summary)
+        _check_node(node_id)
         with self._lock:
-            return self.commit(policy_id, self.reserve(policy_id, node_id), node_id, summary)
-
-    @ray.method(concurrency_group="watch")
-    def watch(self, since: int, timeout_s: float) -> CatalogEvents:
-        """Commits and deletes after event ``since``; waits up to ``timeout_s`` for one when there is none yet."""
-        with self._lock:
-            self._changed.wait_for(lambda: self._seq > since, timeout=timeout_s)
-            oldest = self._events[0][0] if self._events else self._seq + 1
-            if since <= 0 or since + 1 < oldest or since > self._seq:
-                latest = {pid: next(reversed(v)) for pid, v in self._committed.items()}
-                return CatalogEvents(self._seq, True, latest=latest, epoch=self._epoch)
-            committed, deleted = [], []
-            for seq, op, payload in self._events:
-                if seq > since:
-                    (committed if op == "commit" else deleted).append(payload)
-            touched = {e.id.policy_id for e in committed} | {sid.policy_id for sid in deleted}
-            latest = {pid: next(reversed(self._committed[pid])) if self._committed.get(pid) else 0 for pid in touched}
-            return CatalogEvents(self._seq, False, tuple(committed), tuple(deleted), latest, self._epoch)
+            durable = summary.durable or self._block_spent(policy_id)
+            with self._write(durable=durable) as db:
+                sid = SnapshotId(policy_id, self._next_version(db, policy_id))
+                db.execute("INSERT INTO snapshots (pid, version, state, node) VALUES (?, ?, ?, ?)",
+                           (*sid, RESERVED, node_id))
+                self._record_commit(db, sid, node_id, summary, meta)
+            return self._entry(sid)
 
     def abort(self, policy_id: str, version: int) -> None:
-        with self._lock:
-            self._record({"op": "abort", "pid": policy_id, "v": version}, sync=False)
+        """Give up a reserved version (the publish failed); its number is never handed out again."""
+        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+        with self._write(durable=False) as db:
+            db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ? AND state = ?",
+                       (ABORTED, *sid, RESERVED))
 
     # ---- holders -------------------------------------------------------------------------------------------
     def hold(self, policy_id: str, version: int, node_id: str) -> None:
-        with self._lock:
-            self._record({"op": "hold", "pid": policy_id, "v": version, "node": node_id}, sync=False)
+        """Record that ``node_id`` (or ``wire.DURABLE``) has a copy of a committed snapshot."""
+        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+        _check_node(node_id)
+        with self._write(durable=False) as db:
+            self._add_holder(db, sid, node_id)
 
     def drop(self, policy_id: str, version: int, node_id: str) -> None:
-        with self._lock:
-            self._record({"op": "drop", "pid": policy_id, "v": version, "node": node_id}, sync=False)
+        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+        with self._write(durable=False) as db:
+            db.execute("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?", (*sid, node_id))
 
-    def reconcile(self, node_id: str, held: list[tuple[SnapshotId, str]]) -> list[SnapshotId]:
-        """A (re)started store reports what its disk holds; returns what it must discard.
+    def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, str | Summary]]) -> Reconciled:
+        """A (re)started store reports the copies on its disk (with their checksum, or better their summary).
 
-        Discarded: versions reserved but never committed (a publish killed midway) and versions deleted or
-        conflicting with the catalog. Versions the catalog has never seen (a spill dir from an earlier
-        session) are adopted. Committed versions the node claimed but no longer has lose it as a holder.
+        Answers which to discard (reserved by this node and never committed: a publish killed midway; aborted;
+        deleted while the store was away) and which to quarantine (another checksum than the catalog's, or a
+        version another node is publishing now): a conflicting file is never grounds to delete a copy. Copies the
+        catalog has no record of (a spill folder from an earlier catalog database) are adopted as committed.
+        Committed versions the node no longer reports lose it as a holder.
         """
-        discard = []
-        with self._lock:
-            held_keys = set()
-            for (pid, version), checksum in held:
-                held_keys.add((pid, version))
-                entry = self._committed.get(pid, {}).get(version)
-                if (pid, version) in self._reserved:
-                    self._record({"op": "abort", "pid": pid, "v": version}, sync=False)
-                    discard.append(SnapshotId(pid, version))
-                elif entry is None and version < self._next.get(pid, 1):
-                    discard.append(SnapshotId(pid, version))  # deleted while this store was away
-                elif entry is None:
-                    self._record({"op": "reserve", "pid": pid, "v": version, "node": node_id}, sync=False)
-                    summary = {"nbytes": 0, "checksum": checksum, "meta": {}, "created": 0.0, "durable": False}
-                    self._record({"op": "commit", "pid": pid, "v": version, "node": node_id, "summary": summary}, True)
-                elif entry["checksum"] != checksum:
-                    log.error("catalog: %s@v%d on node %s conflicts with the catalog; discarded", pid, version, node_id)
-                    discard.append(SnapshotId(pid, version))
-                elif node_id not in entry["holders"]:
-                    self._record({"op": "hold", "pid": pid, "v": version, "node": node_id}, sync=False)
-            for pid, versions in self._committed.items():
-                for version, entry in versions.items():
-                    if node_id in entry["holders"] and (pid, version) not in held_keys:
-                        self._record({"op": "drop", "pid": pid, "v": version, "node": node_id}, sync=False)
-        return discard
+        _check_node(node_id)
+        reports = []
+        for sid, what in held:
+            sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
+            summary = what if isinstance(what, Summary) else Summary(0, what, {}, 0.0, False)
+            reports.append((sid, summary, _check_summary(summary)))
+        discard, quarantine = [], []
+        with self._write(durable=True) as db:
+            for sid, summary, meta in reports:
+                row = db.execute("SELECT state, node, checksum FROM snapshots WHERE pid = ? AND version = ?",
+                                 sid).fetchone()
+                if row is None:
+                    self._adopt_one(db, sid, node_id, summary, meta)
+                elif row[0] == RESERVED and row[1] == node_id:
+                    db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ?", (ABORTED, *sid))
+                    discard.append(sid)
+                elif row[0] == RESERVED:
+                    quarantine.append((sid, f"{sid} is being published by node {row[1]}; this copy is not it"))
+                elif row[0] in (ABORTED, DELETED):
+                    discard.append(sid)
+                elif row[2] != summary.checksum:
+                    log.error("catalog: %s on node %s has checksum %s, the catalog %s: quarantine", sid, node_id,
+                              summary.checksum, row[2])
+                    quarantine.append((sid, f"checksum {summary.checksum} differs from the catalog's {row[2]}"))
+                else:
+                    self._add_holder(db, sid, node_id)
+            reported = {sid for sid, _, _ in reports}
+            gone = [(pid, v) for pid, v in db.execute("SELECT pid, version FROM holders WHERE node = ?", (node_id,))
+                    if (pid, v) not in reported]
+            db.executemany("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?",
+                           [(pid, v, node_id) for pid, v in gone])
+        return Reconciled(tuple(discard), tuple(quarantine))
+
+    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary]]) -> Adopted:
+        """Take the durable tier's committed snapshots (``DurableTier.list_committed()``) into the catalog.
+
+        For a catalog whose database is new (``health().new``): a fresh cluster pointed at an existing durable
+        URI sees the league. Entries the catalog already has gain the durable tier as holder; entries it deleted
+        or aborted, or that conflict with it, are skipped and said why (the durable tier is never trusted over
+        the catalog's own record).
+        """
+        checked = []
+        for sid, summary in entries:
+            sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
+            checked.append((sid, summary, _check_summary(summary)))
+        added, held, skipped = [], [], []
+        with self._write(durable=True) as db:
+            for sid, summary, meta in checked:
+                row = db.execute("SELECT state, checksum FROM snapshots WHERE pid = ? AND version = ?",
+                                 sid).fetchone()
+                if row is None:
+                    self._adopt_one(db, sid, DURABLE, summary, meta)
+                    added.append(sid)
+                elif row == (COMMITTED, summary.checksum):
+                    self._add_holder(db, sid, DURABLE)
+                    held.append(sid)
+                elif row[0] == COMMITTED:
+                    skipped.append(f"{sid}: durable checksum {summary.checksum} differs from the catalog's {row[1]}")
+                else:
+                    skipped.append(f"{sid}: {row[0]} in the catalog")
+        for line in skipped:
+            log.warning("catalog: not adopted from the durable tier: %s", line)
+        return Adopted(tuple(added), tuple(held), tuple(skipped))
 
     # ---- read ----------------------------------------------------------------------------------------------
-    def _entry(self, policy_id: str, version: int) -> CatalogEntry:
-        e = self._committed[policy_id][version]
-        summary = Summary(e["nbytes"], e["checksum"], e["meta"], e.get("created", 0.0), e["durable"])
-        return CatalogEntry(SnapshotId(policy_id, version), summary, tuple(e["holders"]))
-
     def lookup(self, policy_id: str, version: int | None = None) -> CatalogEntry:
-        """The committed entry (latest when ``version`` is None): version, summary and holders."""
+        """The committed entry (the highest committed version when ``version`` is None)."""
+        check_policy_id(policy_id)
         with self._lock:
-            versions = self._committed.get(check_policy_id(policy_id))
-            if not versions:
-                known = sorted(self._committed)
+            row = self._db.execute("SELECT latest FROM policies WHERE pid = ?", (policy_id,)).fetchone()
+            if not row or not row[0]:
+                known = [p for (p,) in self._db.execute("SELECT pid FROM policies WHERE latest > 0 ORDER BY pid "
+                                                         "LIMIT 21")]
                 more = " ..." if len(known) > 20 else ""
                 hint = f"; known policies: {known[:20]}{more}" if known else " (the store is empty)"
                 raise UnknownPolicyError(f"unknown policy {policy_id!r}{hint}")
-            if version is None:
-                version = next(reversed(versions))
-            entry = versions.get(check_version(version))
-            if entry is None:
-                have = list(versions)
+            sid = SnapshotId(policy_id, row[0] if version is None else check_version(version))
+            try:
+                return self._entry(sid)
+            except KeyError:
+                versions = [v for (v,) in self._db.execute(
+                    "SELECT version FROM snapshots WHERE pid = ? AND state = ? ORDER BY version", (policy_id, COMMITTED)
+                )]
                 raise UnknownVersionError(
-                    f"policy {policy_id!r} has no version {version}; it has {len(have)} versions "
-                    f"({have[:10]}{' ...' if len(have) > 10 else ''}, latest {have[-1]})"
-                )
-            return self._entry(policy_id, version)
+                    f"policy {policy_id!r} has no version {version}; it has {len(versions)} versions "
+                    f"({versions[:10]}{' ...' if len(versions) > 10 else ''}, latest {row[0]})"
+                ) from None
 
     def list(self, policy_id: str | None = None) -> list[CatalogEntry]:
+        """Every committed snapshot (or every one of ``policy_id``), by policy then version."""
         with self._lock:
-            if policy_id is not None and policy_id not in self._committed:
-                self.lookup(policy_id)  # raises the right error
-            return [
-                self._entry(pid, v)
-                for pid, versions in sorted(self._committed.items())
-                if policy_id is None or pid == policy_id
-                for v in versions
-            ]
+            if policy_id is None:
+                rows = self._db.execute(f"{_ENTRY} WHERE state = ? ORDER BY pid, version", (COMMITTED,)).fetchall()
+                holder_rows = self._db.execute("SELECT pid, version, node FROM holders ORDER BY id").fetchall()
+            else:
+                self.lookup(policy_id)  # raises the right error for an unknown policy
+                rows = self._db.execute(f"{_ENTRY} WHERE pid = ? AND state = ? ORDER BY version",
+                                        (policy_id, COMMITTED)).fetchall()
+                holder_rows = self._db.execute("SELECT pid, version, node FROM holders WHERE pid = ? ORDER BY id",
+                                               (policy_id,)).fetchall()
+        holders: dict[tuple[str, int], list[str]] = {}
+        for pid, version, node in holder_rows:
+            holders.setdefault((pid, version), []).append(node)
+        return [_to_entry(row, holders.get((row[0], row[1]), ())) for row in rows]
 
     def delete(self, policy_id: str, version: int | None = None) -> list[CatalogEntry]:
-        """Remove one version or all of them; returns the removed entries (with their holders to clean up)."""
-        with self._lock:
-            if version is None:
-                self.lookup(policy_id)  # raises the right error for an unknown policy
-                entries = [self._entry(policy_id, v) for v in self._committed[policy_id]]
-            else:
-                entries = [self.lookup(policy_id, version)]
+        """Remove one version or all of them; returns the removed entries (with their holders to clean up).
+
+        Deleted versions keep a tombstone: their numbers are never handed out again, and a store that comes back
+        with a copy is told to discard it.
+        """
+        with self._write(durable=True) as db:
+            entries = self.list(policy_id) if version is None else [self.lookup(policy_id, version)]
             for entry in entries:
-                self._record({"op": "delete", "pid": policy_id, "v": entry.version}, sync=True)
+                db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ?", (DELETED, *entry.id))
+                db.execute("DELETE FROM holders WHERE pid = ? AND version = ?", entry.id)
+                self._log_event(db, "delete", entry.id)
+            self._refresh_latest(db, policy_id)
         return entries
+
+    # ---- watch ---------------------------------------------------------------------------------------------
+    @ray.method(concurrency_group=WATCH_GROUP)
+    def watch(self, since: int, timeout_s: float, epoch: str | None = None) -> CatalogEvents:
+        """Commits and deletes after event ``since``: at once if there are some, else when one happens or after
+        ``timeout_s`` (at most 60 s), whichever is first. A long poll; pass the last answer's ``seq`` (and
+        ``epoch``) back in.
+
+        ``reset=True`` (with ``latest`` for every policy, to replace what the watcher knew) when ``since`` is 0,
+        older than the kept event log, newer than any event (the watcher knew a database that is gone), or the
+        ``epoch`` differs from the catalog's.
+        """
+        if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+            raise InvalidWeightsError(f"watch: since must be an int >= 0, got {since!r}")
+        if not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
+            raise InvalidWeightsError(f"watch: timeout_s must be a number >= 0, got {timeout_s!r}")
+        deadline = time.monotonic() + min(float(timeout_s), MAX_WATCH_S)
+        with self._changed:
+            while True:
+                if since == 0 or since < self._pruned or since > self._seq or epoch not in (None, self._epoch):
+                    return self._reset()
+                if since < self._seq:
+                    return self._events_after(since)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return CatalogEvents(seq=self._seq, reset=False, epoch=self._epoch)
+                self._changed.wait(remaining)
+
+    def _reset(self) -> CatalogEvents:
+        latest = dict(self._db.execute("SELECT pid, latest FROM policies WHERE latest > 0"))
+        return CatalogEvents(seq=self._seq, reset=True, latest=latest, epoch=self._epoch)
+
+    def _events_after(self, since: int) -> CatalogEvents:
+        rows = self._db.execute("SELECT seq, kind, pid, version FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+                                (since, MAX_EVENTS)).fetchall()
+        if not rows:
+            return CatalogEvents(seq=self._seq, reset=False, epoch=self._epoch)
+        committed, deleted = {}, []
+        for _, kind, pid, version in rows:
+            sid = SnapshotId(pid, version)
+            if kind == "delete":
+                committed.pop(sid, None)
+                deleted.append(sid)
+            else:
+                try:
+                    committed[sid] = self._entry(sid)
+                except KeyError:
+                    pass  # deleted since: its delete event follows
+        pids = sorted({pid for _, _, pid, _ in rows})
+        latest = {pid: v for pid, v in self._db.execute(
+            f"SELECT pid, latest FROM policies WHERE latest > 0 AND pid IN ({','.join('?' * len(pids))})", pids)}
+        return CatalogEvents(seq=rows[-1][0], reset=False, committed=tuple(committed.values()),
+                             deleted=tuple(deleted), latest=latest, epoch=self._epoch)
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    @contextmanager
+    def _write(self, *, durable: bool) -> Iterator[Any]:
+        """One transaction under the lock; afterwards wake the watchers if it logged events, and prune the log."""
+        with self._lock:
+            with catalogdb.transaction(self._db, durable=durable) as db:
+                yield db
+            seq = self._current_seq()
+            if seq != self._seq:
+                self._seq = seq
+                self._changed.notify_all()
+            if self._seq - self._pruned > self._keep + self._keep // 10 + 10:
+                with catalogdb.transaction(self._db, durable=False) as db:
+                    through = self._seq - self._keep
+                    db.execute("DELETE FROM events WHERE seq <= ?", (through,))
+                    db.execute("UPDATE info SET value = ? WHERE key = 'pruned_through'", (str(through),))
+                self._pruned = through
+
+    def _current_seq(self) -> int:
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+        return row[0] if row else 0
+
+    def _block_spent(self, policy_id: str) -> bool:
+        """Whether the next version of ``policy_id`` lies beyond its synced block (so this write must sync)."""
+        row = self._db.execute("SELECT next, ceiling FROM policies WHERE pid = ?", (policy_id,)).fetchone()
+        return row is None or row[0] > row[1]
+
+    def _next_version(self, db: Any, policy_id: str) -> int:
+        row = db.execute("SELECT next, ceiling FROM policies WHERE pid = ?", (policy_id,)).fetchone()
+        version, ceiling = row or (1, 0)
+        if version > ceiling:
+            ceiling = version + VERSION_BLOCK - 1
+        db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0) ON CONFLICT (pid) "
+                   "DO UPDATE SET next = excluded.next, ceiling = excluded.ceiling", (policy_id, version + 1, ceiling))
+        return version
+
+    def _record_commit(self, db: Any, sid: SnapshotId, node_id: str, summary: Summary, meta: str) -> None:
+        db.execute("UPDATE snapshots SET state = ?, nbytes = ?, checksum = ?, meta = ?, created = ?, durable = ? "
+                   "WHERE pid = ? AND version = ?",
+                   (COMMITTED, summary.nbytes, summary.checksum, meta, float(summary.created), summary.durable, *sid))
+        db.execute("UPDATE policies SET latest = max(latest, ?) WHERE pid = ?", (sid.version, sid.policy_id))
+        self._add_holder(db, sid, node_id)
+        self._log_event(db, "commit", sid)
+
+    def _adopt_one(self, db: Any, sid: SnapshotId, holder: str, summary: Summary, meta: str) -> None:
+        """A committed snapshot the catalog had no record of; its version counter moves past it."""
+        db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0) ON CONFLICT (pid) DO "
+                   "UPDATE SET next = max(next, excluded.next), ceiling = max(ceiling, excluded.ceiling)",
+                   (sid.policy_id, sid.version + 1, sid.version))
+        db.execute("INSERT INTO snapshots (pid, version, state, node) VALUES (?, ?, ?, ?)", (*sid, RESERVED, holder))
+        self._record_commit(db, sid, holder, summary, meta)
+
+    @staticmethod
+    def _add_holder(db: Any, sid: SnapshotId, node_id: str) -> None:
+        db.execute("INSERT OR IGNORE INTO holders (pid, version, node) SELECT pid, version, ? FROM snapshots "
+                   "WHERE pid = ? AND version = ? AND state = ?", (node_id, *sid, COMMITTED))
+
+    @staticmethod
+    def _log_event(db: Any, kind: str, sid: SnapshotId) -> None:
+        db.execute("INSERT INTO events (kind, pid, version) VALUES (?, ?, ?)", (kind, *sid))
+
+    @staticmethod
+    def _refresh_latest(db: Any, policy_id: str) -> None:
+        db.execute("UPDATE policies SET latest = coalesce((SELECT max(version) FROM snapshots WHERE pid = ? AND "
+                   "state = ?), 0) WHERE pid = ?", (policy_id, COMMITTED, policy_id))
+
+    def _entry(self, sid: SnapshotId) -> CatalogEntry:
+        """The committed entry of ``sid``, or KeyError."""
+        with self._lock:
+            row = self._db.execute(f"{_ENTRY} WHERE pid = ? AND version = ? AND state = ?",
+                                   (*sid, COMMITTED)).fetchone()
+            if row is None:
+                raise KeyError(sid)
+            holders = [n for (n,) in self._db.execute(
+                "SELECT node FROM holders WHERE pid = ? AND version = ? ORDER BY id", sid)]
+        return _to_entry(row, holders)
+
+    # ---- startup -------------------------------------------------------------------------------------------
+    def _write_salvage(self, salvage: catalogdb.Salvage) -> None:
+        """Rows read back from a damaged database go into the new one (one transaction)."""
+        with catalogdb.transaction(self._db, durable=True) as db:
+            db.executemany("INSERT OR IGNORE INTO snapshots (pid, version, state, node, nbytes, checksum, meta, "
+                           "created, durable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", salvage.snapshots)
+            versions: dict[str, int] = {}
+            for pid, version, *_ in salvage.snapshots:
+                versions[pid] = max(versions.get(pid, 0), version)
+            for pid in set(versions) | set(salvage.policies):
+                nxt, ceiling = salvage.policies.get(pid, (1, 0))
+                nxt = max(nxt, ceiling + 1, versions.get(pid, 0) + 1)  # the lost rows may have used the block
+                db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0)",
+                           (pid, nxt, nxt - 1))
+                self._refresh_latest(db, pid)
+            for holder in salvage.holders:
+                self._add_holder(db, SnapshotId(*holder[:2]), holder[2])
+
+    def _after_reboot(self) -> None:
+        """After a machine restart, unsynced publishes may be lost: continue every policy after its synced block,
+        and start a new epoch so watchers reset."""
+        current = catalogdb.boot_id()
+        if self._new or (current and catalogdb.info(self._db, "boot_id") == current):
+            return
+        with catalogdb.transaction(self._db, durable=True) as db:
+            db.execute("UPDATE policies SET next = max(next, ceiling + 1)")
+            db.execute("UPDATE info SET value = ? WHERE key = 'epoch'", (uuid.uuid4().hex,))
+            db.execute("INSERT OR REPLACE INTO info (key, value) VALUES ('boot_id', ?)", (current,))
+        log.info("catalog: the machine restarted since the database was last used; versions continue after "
+                 "each policy's synced block and watchers start over (new epoch)")
+
+    def _import_journal(self, path: Path) -> int:
+        """Import an older catalog's JSON-lines journal once (then rename it); returns the snapshots imported."""
+        imported_as = path.with_name(path.name + ".imported")
+        if not path.exists():
+            return 0
+        if catalogdb.info(self._db, "journal_imported") == str(path):  # imported, but the rename did not happen
+            path.replace(imported_as)
+            return 0
+        state = read_journal(path)
+        self._problems.extend(f"journal {path}: {p}" for p in state.problems)
+        count = 0
+        with catalogdb.transaction(self._db, durable=True) as db:
+            for (pid, version), (raw, holders) in sorted(state.committed.items()):
+                try:
+                    summary = Summary(int(raw.get("nbytes", 0)), str(raw["checksum"]), raw.get("meta") or {},
+                                      float(raw.get("created", 0.0)), bool(raw.get("durable", False)))
+                    meta = _check_summary(summary)
+                except (KeyError, TypeError, ValueError, InvalidWeightsError) as exc:
+                    self._problems.append(f"journal {path}: {pid}@v{version} not imported: {exc}")
+                    continue
+                if db.execute("SELECT 1 FROM snapshots WHERE pid = ? AND version = ?", (pid, version)).fetchone():
+                    continue
+                self._adopt_one(db, SnapshotId(pid, version), holders[0] if holders else DURABLE, summary, meta)
+                for node in holders[1:]:
+                    self._add_holder(db, SnapshotId(pid, version), node)
+                count += 1
+            for (pid, version), state_name in [*((k, RESERVED) for k in state.reserved), *state.gone.items()]:
+                node = state.reserved.get((pid, version), "")
+                db.execute("INSERT OR IGNORE INTO snapshots (pid, version, state, node) VALUES (?, ?, ?, ?)",
+                           (pid, version, state_name, node))
+            for pid, nxt in state.next.items():
+                db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0) ON CONFLICT (pid) "
+                           "DO UPDATE SET next = max(next, excluded.next), ceiling = max(ceiling, excluded.ceiling)",
+                           (pid, nxt, nxt - 1))
+            db.execute("INSERT OR REPLACE INTO info (key, value) VALUES ('journal_imported', ?)", (str(path),))
+        path.replace(imported_as)
+        log.warning("catalog: imported %d snapshots from the old journal %s (%d records, %d problems); renamed to %s",
+                    count, path, state.records, len(state.problems), imported_as)
+        return count
+
+
+def _to_entry(row: tuple, holders: Sequence[str]) -> CatalogEntry:
+    pid, version, nbytes, checksum, meta, created, durable = row
+    return CatalogEntry(SnapshotId(pid, version), Summary(nbytes, checksum, json.loads(meta), created, bool(durable)),
+                        tuple(holders))

@@ -31,7 +31,8 @@ from .config import CATALOG_NAME, NAMESPACE, StoreConfig, staging_dir, store_nam
 from .errors import CorruptSnapshotError, PolicyStoreError, SnapshotTooLargeError
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
-from .server import StoreServer, check_durable, open_shared
+from .protect import open_shared
+from .server import StoreServer, check_durable
 from .watch import Follower, PushState
 from .wire import CatalogEntry, HotSnapshot, SnapshotInfo, StoreStats, VerifyReport
 
@@ -194,7 +195,7 @@ def _ensure_ray() -> None:
 
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
     """The cluster catalog: found by name, or created with ``config`` as the cluster's store settings."""
-    journal = config.catalog_journal(ray.get_runtime_context().get_session_name())
+    session = ray.get_runtime_context().get_session_name()
     return _actor_class(CatalogServer, config.max_watchers).options(
         name=CATALOG_NAME,
         namespace=NAMESPACE,
@@ -205,7 +206,7 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
         max_restarts=-1,
         # Beside the driver that started it (the head node, usually), but free to move if that node goes.
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-    ).remote(journal, config)
+    ).remote(config.catalog_db(session), config, config.catalog_journal(session))
 
 
 def _store_actor(node_id: str, config: StoreConfig | None) -> ray.actor.ActorHandle:

@@ -73,11 +73,17 @@ class StoreConfig:
         return os.path.abspath(os.path.expanduser(path))
 
     def catalog_journal(self, session_name: str) -> str:
-        """The catalog's journal: in the durable tier if there is one, else beside the spill folders."""
-        root = self.resolved_durable_dir() or (
-            os.path.abspath(os.path.expanduser(self.spill_dir)) if self.spill_dir else self._default_root(session_name)
-        )
-        return os.path.join(root, "_catalog.jsonl")
+        """Where an older catalog kept its JSON-lines journal (imported once by the catalog if it is there)."""
+        return os.path.join(self.resolved_durable_dir() or self._local_root(session_name), "_catalog.jsonl")
+
+    def catalog_db(self, session_name: str) -> str:
+        """The catalog's sqlite database: on local disk (beside the spill folders), never on a shared mount."""
+        return os.path.join(self._local_root(session_name), "_catalog.sqlite3")
+
+    def _local_root(self, session_name: str) -> str:
+        if self.spill_dir:
+            return os.path.abspath(os.path.expanduser(self.spill_dir))
+        return self._default_root(session_name)
 
     @staticmethod
     def _default_root(session_name: str) -> str:

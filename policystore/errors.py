@@ -51,5 +51,13 @@ class ShapeMismatchError(PolicyStoreError, ValueError):
     """A snapshot whose tensors do not fit the module it is loaded into."""
 
 
+class InvalidMetaError(InvalidWeightsError):
+    """A snapshot's meta that cannot be kept: not JSON, larger than 64 KiB as JSON, or nested deeper than 16."""
+
+
+class CatalogDatabaseError(PolicyStoreError):
+    """The catalog's database cannot be read or written (I/O error, a file from a newer policystore)."""
+
+
 class InvalidOptionError(PolicyStoreError, TypeError):
     """An option of the wrong type or out of range (``durable="yes"``, a staging file outside the staging folder)."""

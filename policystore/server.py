@@ -29,7 +29,6 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import ray
@@ -46,9 +45,20 @@ from .errors import (
 from .format import META_CREATED, META_POLICY, Header, parse_header, verify_buffer
 from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
+from .protect import open_shared, shareable
 from .spill import DiskTier, SpillFile
 from .watch import Feed
-from .wire import CatalogEntry, CatalogEvents, HotSnapshot, SnapshotInfo, StoreEvents, StoreStats, Summary, VerifyReport
+from .wire import (
+    CatalogEntry,
+    CatalogEvents,
+    HotSnapshot,
+    Reconciled,
+    SnapshotInfo,
+    StoreEvents,
+    StoreStats,
+    Summary,
+    VerifyReport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +89,6 @@ def _node_object_store_bytes(node_id: str) -> int:
 def _summary(header: Header, durable: bool) -> Summary:
     return Summary(header.nbytes, header.checksum, header.user_meta, float(header.metadata.get(META_CREATED, 0)),
                    durable)
-
-
-def shareable(buf: np.ndarray) -> Any:
-    """What the store ``ray.put``s for ``buf`` (stand-in for the guard's ``protect.shareable``; replace at merge)."""
-    return buf
-
-
-def open_shared(obj: Any) -> np.ndarray:
-    """The snapshot bytes of what ``ray.get`` returned for ``shareable(buf)`` (stand-in for ``protect.open_shared``;
-    replace at merge)."""
-    return obj
 
 
 def check_durable(durable: object) -> bool:
@@ -130,9 +129,15 @@ class StoreServer:
     def _reconcile(self) -> None:
         with self._lock:
             held = [(sid, e.header.checksum) for sid, e in self._items_locked()]
-        for sid in ray.get(self.catalog.reconcile.remote(self.node_id, held)):
-            log.warning("discarding %s: never committed, deleted or conflicting", sid)
+        reconciled: Reconciled = ray.get(self.catalog.reconcile.remote(self.node_id, held))
+        for sid in reconciled.discard:
+            log.warning("discarding %s: never committed, aborted or deleted", sid)
             self.forget(*sid)
+        for sid, reason in reconciled.quarantine:  # never served, never deleted: the file stays where it is
+            log.error("not serving %s: %s", sid, reason)
+            with self._lock:
+                self._policies.get(sid.policy_id, {}).pop(sid.version, None)
+                self.hot.remove(sid)
 
     # ---- push ----------------------------------------------------------------------------------------------
     def _follow_catalog(self) -> None:

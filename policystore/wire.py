@@ -153,3 +153,46 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """The catalog's answer to a (re)started store that reported the copies on its disk.
+
+    ``discard``: copies of versions never committed (a publish killed midway), aborted or deleted while the store
+    was away: remove them. ``quarantine``: copies that conflict with the catalog (another checksum than the one
+    recorded at publish, or a version another node is publishing right now), with the reason: move them aside,
+    never delete them, never serve them. Every other reported copy is now recorded as held by the store.
+    """
+
+    discard: tuple[SnapshotId, ...] = ()
+    quarantine: tuple[tuple[SnapshotId, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """The catalog's answer to ``adopt``: what it took from the durable tier's list, and why it left the rest."""
+
+    added: tuple[SnapshotId, ...] = ()  # new to the catalog, now committed with the durable tier as holder
+    held: tuple[SnapshotId, ...] = ()  # already committed with the same checksum: the durable tier is a holder
+    skipped: tuple[str, ...] = ()  # one line per entry not taken (deleted in the catalog, conflicting checksum)
+
+
+@dataclass(frozen=True)
+class CatalogHealth:
+    """What the catalog found when it opened its database, for ``stats()``/CLI and for the durable adoption.
+
+    ``new``: the database was created by this start (first start, or the old one was damaged and moved aside):
+    the caller should then ``adopt`` the durable tier's snapshots. ``problems``: everything startup found wrong
+    and what it did about it (damaged database moved aside, rows salvaged, journal lines skipped).
+    """
+
+    path: str
+    epoch: str
+    new: bool
+    problems: tuple[str, ...]
+    imported: int  # snapshots imported from an older catalog's JSON-lines journal by this start
+    seq: int
+    policies: int
+    snapshots: int
+    reserved: int  # versions reserved and not (yet) committed or aborted
