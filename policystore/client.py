@@ -170,10 +170,10 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None) ->
     node_id = node_id or ray.get_runtime_context().get_node_id()
     with _session_lock:
         client = session.clients.get(node_id)
-    if client is None:
+    if client is None or not client._current():
         client = PolicyStore(node_id, config)
         with _session_lock:
-            client = session.clients.setdefault(node_id, client)
+            session.clients[node_id] = client
     if config is not None and client.config != config:
         raise PolicyStoreError(
             f"the store on node {node_id} already runs with {client.config}; connect() was given {config}"
@@ -245,6 +245,13 @@ class PolicyStore:
         self._local = self.node_id == ray.get_runtime_context().get_node_id()
         # Same node, same monotonic clock: only a local store's push can be checked for staleness.
         self._follower = self._session.follower(self.node_id, self.config) if self._local else None
+
+    def _current(self) -> bool:
+        """Whether the node's store is still the actor this handle talks to (not stopped and replaced since)."""
+        try:
+            return ray.get_actor(store_name(self.node_id), namespace=NAMESPACE) == self._actor
+        except ValueError:
+            return False
 
     def _live(self) -> _Session:
         session = self._session

@@ -220,12 +220,14 @@ class StoreServer:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size == 0:
                 raise InvalidOptionError(f"staging file {path!r} is not a non-empty regular file of this user")
-            with mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ) as mapped:
-                buf = np.frombuffer(mapped, dtype=np.uint8)
+            mapped = mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ)
+            try:
+                return self._publish(policy_id, np.frombuffer(mapped, dtype=np.uint8), durable)
+            finally:
                 try:
-                    return self._publish(policy_id, buf, durable)
-                finally:
-                    del buf  # the mapping closes only once no array views it
+                    mapped.close()
+                except BufferError:  # an error's traceback still views it: unmapped once that goes
+                    pass
         finally:
             os.close(fd)
             staged.unlink(missing_ok=True)

@@ -2,6 +2,7 @@
 
 import ctypes
 import gc
+import mmap
 import os
 import subprocess
 import threading
@@ -17,9 +18,11 @@ from torch import nn
 
 import policystore
 from policystore import StoreConfig
+from policystore.config import NAMESPACE, store_name
 from policystore.errors import (
     CorruptSnapshotError,
     DiskFullError,
+    InvalidOptionError,
     InvalidPolicyIdError,
     InvalidWeightsError,
     PolicyStoreError,
@@ -49,6 +52,28 @@ def weights_of_mib(mib: float, seed: int = 0, compressible: bool = False) -> dic
     return {"w": torch.round(w) if compressible else w}
 
 
+def store_actor() -> ray.actor.ActorHandle:
+    """This node's store actor, found by its name as any Ray program could."""
+    return ray.get_actor(store_name(ray.get_runtime_context().get_node_id()), namespace=NAMESPACE)
+
+
+def store_actor_info() -> tuple[str, int]:
+    """(actor id, process id) of this node's store."""
+    return ray.get(store_actor().__ray_call__.remote(lambda self: (ray.get_runtime_context().get_actor_id(),
+                                                                    os.getpid())))
+
+
+def write_behind_every_guard(address: int, data: bytes) -> None:
+    """A write no guard sees, as a C extension could make it: lift the page protection, write, protect again."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    page = address - address % mmap.PAGESIZE
+    span = address + len(data) - page
+    assert libc.mprotect(page, span, 0x1 | 0x2) == 0, os.strerror(ctypes.get_errno())
+    ctypes.memmove(address, data, len(data))
+    libc.mprotect(page, span, 0x1)
+
+
 def shm_mapping_of(address: int) -> str:
     """The /proc/self/maps line holding ``address``: a /dev/shm plasma mapping for object-store memory."""
     for line in Path("/proc/self/maps").read_text().splitlines():
@@ -68,8 +93,7 @@ class Reader:
         return [shm_mapping_of(p.data_ptr()) for p in module.parameters()]
 
     def publish_nets(self, count: int) -> None:
-        policystore.client._clients.clear()  # earlier tests stopped the store this process knew
-        store = policystore.connect()
+        store = policystore.connect()  # earlier tests stopped the store this process knew: the handle finds anew
         for i in range(count):
             store.publish(f"big{i}", big_net().state_dict())
 
@@ -89,12 +113,12 @@ class Reader:
 
     def drop(self) -> None:
         self.modules = []
-        policystore.client._snapshots.clear()
+        policystore.clear_cache()
         gc.collect()
 
     def store_actor_id(self) -> str:
-        policystore.client._clients.clear()  # look the store up afresh, as a new worker would
-        return policystore.connect()._actor._actor_id.hex()
+        policystore.connect().stats()  # finds (or starts) the node's store, as a new worker would
+        return store_actor_info()[0]
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +191,7 @@ def test_write_guard_through_the_store(make_store):
         module.load_state_dict(net().state_dict())
     with pytest.raises(ReadOnlyWeightsError):
         store.get("main_0")["0.bias"].zero_()
-    assert store.verify("main_0")["hot"] is True
+    assert store.verify("main_0").hot is True
 
 
 def test_verify_catches_raw_writes_and_the_store_heals_from_disk(make_store):
@@ -175,15 +199,15 @@ def test_verify_catches_raw_writes_and_the_store_heals_from_disk(make_store):
     source = net()
     store.publish("main_0", source.state_dict(), durable=True)
     module = store.load_module("main_0", net)
-    # A write the guard cannot see: straight to the raw pointer, as a C extension might.
-    ctypes.memset(module[0].weight.data_ptr(), 7, 64)
+    write_behind_every_guard(module[0].weight.data_ptr(), b"\x07" * 64)
     with pytest.raises(CorruptSnapshotError, match="main_0@v1 \\(shared-memory copy\\).*checksum"):
         store.verify("main_0")
-    policystore.client._snapshots.clear()  # this process's cache still holds the damaged views
-    healed = store.load_module("main_0", net)
+    healed = store.load_module("main_0", net)  # verify dropped this process's damaged copy too
+    assert healed.policystore_snapshot is not module.policystore_snapshot
     x = torch.randn(2, 64)
     assert torch.equal(healed(x), source(x))
-    assert store.verify("main_0") == {**store.verify("main_0"), "hot": True, "disk": True}
+    report = store.verify("main_0")
+    assert report.ok and report.hot is True and report.disk is True
 
 
 # ---- tiers --------------------------------------------------------------------------------------------------
@@ -195,7 +219,7 @@ def test_lru_eviction_and_transparent_restore(make_store):
     store.publish("p0", originals["p0"])
     held = store.get("p0")  # a reader holding views across eviction
     store.publish("p1", originals["p1"])
-    policystore.client._snapshots.clear()  # as another process would, ask the store (recency is what it sees)
+    policystore.clear_cache()  # as another process would, open it anew (the store hears of it: recency)
     store.get("p0")  # touch: p1 is now the least recently used
     store.publish("p2", originals["p2"])
     store.flush()
@@ -272,11 +296,10 @@ def test_restarted_store_rebuilds_its_catalog_from_disk(make_store):
     store.publish("main_0", source.state_dict(), meta={"elo": 1200}, durable=True)
     store.publish("main_0", net().state_dict())
     store.flush()
-    actor_pid = ray.get(store._actor.__ray_call__.remote(lambda self: os.getpid()))
-    os.kill(actor_pid, 9)  # Ray restarts the detached store (max_restarts=-1)
+    os.kill(store_actor_info()[1], 9)  # Ray restarts the detached store (max_restarts=-1)
     rows = _retry(store.list, policy_id="main_0")
     assert [(r.id.version, r.tier, r.meta) for r in rows] == [(1, "disk", {"elo": 1200}), (2, "disk", {})]
-    policystore.client._snapshots.clear()
+    policystore.clear_cache()
     x = torch.randn(2, 64)
     assert torch.equal(store.load_module("main_0", net, version=1)(x), source(x))
     assert store.publish("main_0", source.state_dict()).version == 3  # numbering continues
@@ -306,10 +329,10 @@ def _retry(fn, *args, attempts=100, **kwargs):
 def test_one_store_per_node_found_by_every_worker_and_taking_no_cpu(make_store, readers):
     store = make_store()
     ids = set(ray.get([r.store_actor_id.remote() for r in readers]))
-    assert ids == {store._actor._actor_id.hex()}
+    assert ids == {store_actor_info()[0]}
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("policystore")]
     assert sorted(names) == sorted([f"policystore-{store.node_id}", "policystore-catalog"])
-    placement = ray.get(store._actor.__ray_call__.remote(
+    placement = ray.get(store_actor().__ray_call__.remote(
         lambda self: (ray.get_runtime_context().get_node_id(), ray.get_runtime_context().get_assigned_resources())
     ))
     assert placement == (store.node_id, {})  # on its node, holding no CPU slot
@@ -327,22 +350,25 @@ def test_store_outlives_the_process_that_created_it(make_store):
     store_id = ray.get(creator.store_actor_id.remote())
     ray.kill(creator)
     client = policystore.connect()
-    assert client._actor._actor_id.hex() == store_id
+    assert store_actor_info()[0] == store_id
     client.publish("alive", net().state_dict())
     assert client.get("alive").id.version == 1
 
 
 def test_reads_are_not_blocked_behind_a_large_publish(make_store):
-    store = make_store(hot_capacity_bytes=900 * MiB)
+    store = make_store(hot_capacity_bytes=900 * MiB, max_staleness_s=0)  # every get of latest asks the store
     store.publish("small", net().state_dict())
-    big = policystore.format.pack(weights_of_mib(256, seed=3), policy_id="big")
-    in_flight = store._actor.publish.remote("big", big, True)  # durable: copy, checksum, write, fsync
+    big = weights_of_mib(256, seed=3)
+    published = []
+    writer = threading.Thread(target=lambda: published.append(store.publish("big", big, durable=True)))
+    writer.start()  # durable: copy, checksum, write, fsync
     reads_meanwhile = 0
-    while not ray.wait([in_flight], timeout=0)[0]:
-        policystore.client._snapshots.clear()
+    while writer.is_alive():
+        policystore.clear_cache()
         store.get("small")
         reads_meanwhile += 1
-    assert ray.get(in_flight) == ("big", 1)
+    writer.join()
+    assert published == [("big", 1)]
     assert reads_meanwhile >= 3, f"only {reads_meanwhile} reads completed during the publish"
 
 
@@ -351,14 +377,9 @@ def test_concurrent_gets_of_an_evicted_snapshot_restore_it_once(make_store):
     store.publish("a", weights_of_mib(1))
     store.publish("b", weights_of_mib(1, seed=1))
     store.flush()
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(store._actor.resolve.remote("a"))) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    refs = {ray.get(r)[2][0].hex() for r in results}
-    assert len(refs) == 1 and store.stats()["restores"] == 1
+    actor = store_actor()
+    answers = ray.get([actor.resolve.remote("a") for _ in range(6)])  # six readers at once, straight to the store
+    assert len({a.refs[0].hex() for a in answers}) == 1 and store.stats()["restores"] == 1
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------
@@ -411,12 +432,18 @@ def test_bad_weights_and_oversized_snapshots_lose_nothing(make_store):
     with pytest.raises(SnapshotTooLargeError, match="larger than the whole hot tier"):
         store.publish("keep", weights_of_mib(3))
     pack = policystore.format.pack
+    actor = store_actor()
     with pytest.raises(SnapshotTooLargeError):  # the store checks too, not only the client
-        store._call("publish", "keep", pack(weights_of_mib(3), policy_id="keep"))
+        ray.get(actor.publish.remote("keep", pack(weights_of_mib(3), policy_id="keep")))
     with pytest.raises(InvalidWeightsError, match="packed for 'other'"):
-        store._call("publish", "keep", pack({"w": torch.zeros(1)}, policy_id="other"))
+        ray.get(actor.publish.remote("keep", pack({"w": torch.zeros(1)}, policy_id="other")))
+    for durable in ("yes", 1, None):
+        with pytest.raises(InvalidOptionError, match="durable must be True or False"):
+            store.publish("keep", weights_of_mib(1), durable=durable)
+    with pytest.raises(InvalidOptionError, match="staging folder"):  # the store maps only its own staging files
+        ray.get(actor.publish_staged.remote("keep", "/etc/passwd"))
     assert [i.id.version for i in store.list("keep")] == [1]
-    assert store.verify("keep")["hot"] is True
+    assert store.verify("keep").hot is True
 
 
 def test_disk_quota_refuses_publish_and_keeps_what_is_stored(make_store):
@@ -428,7 +455,8 @@ def test_disk_quota_refuses_publish_and_keeps_what_is_stored(make_store):
     with pytest.raises(UnknownPolicyError):
         store.get("c")
     for pid in ("a", "b"):
-        assert store.verify(pid) == {**store.verify(pid), "hot": True, "disk": True}
+        report = store.verify(pid)
+        assert report.hot is True and report.disk is True
 
 
 @pytest.fixture
@@ -450,7 +478,8 @@ def test_full_disk_is_a_clear_error_and_loses_nothing(make_store, tiny_disk):
             store.publish("b", weights_of_mib(1.9, seed=1), durable=durable)
     with pytest.raises(UnknownPolicyError):
         store.get("b")
-    assert store.verify("a") == {**store.verify("a"), "hot": True, "disk": True}
+    report = store.verify("a")
+    assert report.hot is True and report.disk is True
 
 
 def test_running_out_of_space_mid_write_leaves_no_partial_file(tiny_disk):
