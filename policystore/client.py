@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .catalog import CatalogServer
 from .config import CATALOG_NAME, NAMESPACE, StoreConfig, staging_dir, store_name
-from .errors import CorruptSnapshotError, PolicyStoreError, SnapshotTooLargeError
+from .errors import CorruptSnapshotError, PolicyStoreError, SnapshotTooLargeError, UnknownVersionError
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
 from .protect import open_shared
@@ -70,13 +70,14 @@ class _Session:
         self.followers: dict[str, Follower] = {}
         self.seen: dict[str, int] = {}  # highest version handed out or published here: never go backwards
         self.deleted: set[SnapshotId] = set()  # never served again from pushed state, whatever arrives late
+        self.catalog_epoch = ""
         self.closed = False
 
     def follower(self, node_id: str, config: StoreConfig) -> Follower:
         with self.lock:
             follower = self.followers.get(node_id)
             if follower is None:
-                follower = self.followers[node_id] = Follower(node_id, config, self.forget)
+                follower = self.followers[node_id] = Follower(node_id, config, self.forget, self.catalog)
             return follower
 
     def latest(self, policy_id: str, follower: Follower | None) -> int | None:
@@ -96,7 +97,11 @@ class _Session:
 
     def keep(self, snap: Snapshot) -> Snapshot:
         with self.lock:
-            return self.snapshots.setdefault(snap.id, snap)
+            held = self.snapshots.get(snap.id)
+            if held is not None and held.header_bytes == snap.header_bytes:
+                return held
+            self.snapshots[snap.id] = snap
+            return snap
 
     def forget(self, sid: SnapshotId) -> None:
         """A deleted snapshot: never served again by this process (views already handed out stay valid)."""
@@ -108,6 +113,20 @@ class _Session:
             followers = list(self.followers.values())
         for follower in followers:
             follower.drop(sid, deleted=True)
+
+    def catalog(self, epoch: str) -> None:
+        """The catalog's epoch, as pushed: a different one (a new database) numbers versions anew."""
+        if epoch != self.catalog_epoch:
+            if self.catalog_epoch:
+                self.renumbered()
+            self.catalog_epoch = epoch
+
+    def renumbered(self) -> None:
+        """The cluster's catalog was replaced: versions name new snapshots; forget every one this process knew."""
+        with self.lock:
+            self.snapshots.clear()
+            self.seen.clear()
+            self.deleted.clear()
 
     def drop(self, sid: SnapshotId) -> None:
         """A damaged copy: re-fetch on the next get."""
@@ -233,11 +252,15 @@ class PolicyStore:
     def __init__(self, node_id: str, config: StoreConfig | None):
         self.node_id = node_id
         self._asked = config
+        self._local = False
         self._bind()
 
     def _bind(self) -> None:
-        """Attach to the current Ray session's store (again, if Ray was restarted since this handle was made)."""
+        """Attach to the current Ray session's store (again, if Ray was restarted since this handle was made: a
+        handle on its own node's store then follows the new session's node)."""
         self._session = _current_session()
+        if self._local:
+            self.node_id = ray.get_runtime_context().get_node_id()
         self._actor = _store_actor(self.node_id, self._asked)
         self._catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
         self.config: StoreConfig = self._call(StoreServer.store_config)
@@ -305,6 +328,8 @@ class PolicyStore:
             buf = pack(weights, policy_id=policy_id, meta=meta)
             self._check_size(policy_id, len(buf))
             sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
+        if sid.version <= session.seen.get(policy_id, 0):  # versions never repeat within one catalog
+            session.renumbered()
         session.saw(sid)
         return sid
 
@@ -364,12 +389,14 @@ class PolicyStore:
             sid = hot.id
             floor = session.seen.get(policy_id, 0)
             if version is None and sid.version < floor:  # that store is behind this process: ask for what we saw
-                version = floor
-                continue
+                try:
+                    return self._resolve(session, policy_id, floor)
+                except UnknownVersionError:  # deleted meanwhile: the store's answer is the latest after all
+                    session.seen[policy_id] = sid.version
             if version is None:
                 session.saw(sid)
             snap = session.snapshots.get(sid)
-            if snap is not None:
+            if snap is not None and snap.header_bytes == hot.header:  # else another catalog's snapshot of that name
                 return snap
             try:
                 buffer = open_shared(ray.get(hot.refs[0]))

@@ -167,6 +167,7 @@ class StoreServer:
                 epoch = None
                 continue
             since, epoch = events.seq, events.epoch
+            self.feed.catalog_epoch(epoch)
             self.feed.heard_until(sent)
 
     def _apply_catalog(self, events: CatalogEvents) -> None:

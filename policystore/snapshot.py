@@ -44,6 +44,11 @@ class Snapshot(Mapping[str, torch.Tensor]):
         return self._header.nbytes
 
     @property
+    def header_bytes(self) -> bytes:
+        """The raw header (length prefix + JSON): equal headers, equal snapshots (it records the checksum)."""
+        return self._buffer[: self._header.data_offset].tobytes()
+
+    @property
     def checksum(self) -> str:
         return self._header.checksum
 

@@ -41,7 +41,8 @@ class Feed:
     """A node store's league state and its change log, for ``StoreServer.watch`` (thread-safe)."""
 
     def __init__(self) -> None:
-        self.epoch = uuid.uuid4().hex  # a restarted store is a new feed: its followers reset
+        self._store_epoch = uuid.uuid4().hex  # a restarted store is a new feed: its followers reset
+        self.epoch = f"{self._store_epoch}:"  # + the catalog's epoch once known: a new catalog resets them too
         self._cond = threading.Condition()
         self._seq = 0
         self._log: deque[tuple[int, str, object]] = deque(maxlen=_KEEP_EVENTS)
@@ -84,7 +85,7 @@ class Feed:
     def hot(self, snap: HotSnapshot) -> None:
         with self._cond:
             self._hot[snap.id] = snap
-            self._emit("hot", snap)
+            self._emit("hot", snap.id)  # the log keeps no ref: an evicted snapshot's memory must be freeable
 
     def gone(self, sid: SnapshotId) -> None:
         with self._cond:
@@ -95,6 +96,13 @@ class Feed:
         with self._cond:
             self._hot.pop(sid, None)
             self._emit("deleted", sid)
+
+    def catalog_epoch(self, epoch: str) -> None:
+        """The catalog's epoch (a new database numbers versions anew): followers reset and drop what they hold."""
+        with self._cond:
+            if self.epoch != f"{self._store_epoch}:{epoch}":
+                self.epoch = f"{self._store_epoch}:{epoch}"
+                self._emit("epoch", epoch)
 
     def heard_until(self, as_of: float) -> None:
         """Everything the catalog committed before ``as_of`` (store clock) is in the feed."""
@@ -128,7 +136,7 @@ class Feed:
                 return StoreEvents(self._seq, True, self._as_of, dict(self._latest), tuple(self._hot.values()),
                                    epoch=self.epoch)
             latest: dict[str, int] = {}
-            hot: dict[SnapshotId, HotSnapshot] = {}
+            hot: dict[SnapshotId, None] = {}  # ordered set
             gone: set[SnapshotId] = set()
             deleted: set[SnapshotId] = set()
             for seq, kind, payload in self._log:
@@ -137,14 +145,14 @@ class Feed:
                 if kind == "latest":
                     latest[payload[0]] = payload[1]
                 elif kind == "hot":
-                    hot[payload.id] = payload
-                else:
+                    hot[payload] = None
+                elif kind != "epoch":
                     hot.pop(payload, None)
                     gone.add(payload)
                     if kind == "deleted":
                         deleted.add(payload)
             # a reader applies gone before hot: a snapshot evicted then restored ends up with its new ref
-            current = tuple(s for s in hot.values() if self._hot.get(s.id) is s)
+            current = tuple(self._hot[sid] for sid in hot if sid in self._hot)
             return StoreEvents(self._seq, False, self._as_of, latest, current, tuple(gone), tuple(deleted),
                                self.epoch)
 
@@ -171,8 +179,10 @@ def _parse_pushed(snap: HotSnapshot) -> Header:
 class Follower:
     """Reader side: follows one node store's feed from a daemon thread; thread-safe lookups for the read path."""
 
-    def __init__(self, node_id: str, config: StoreConfig, on_deleted: Callable[[SnapshotId], None]):
+    def __init__(self, node_id: str, config: StoreConfig, on_deleted: Callable[[SnapshotId], None],
+                 on_catalog: Callable[[str], None]):
         self._name = store_name(node_id)
+        self._on_catalog = on_catalog  # told the catalog's epoch: a new one numbers versions anew
         self._actor: ray.actor.ActorHandle | None = None  # looked up by name: a store started anew is found
         self._poll_s = config.poll_s
         self._max_staleness_s = config.max_staleness_s
@@ -250,6 +260,9 @@ class Follower:
                 parsed[snap.id] = (snap.refs[0], _parse_pushed(snap))
             except Exception as exc:  # never trust a header unchecked; such a snapshot is read with a round trip
                 log.warning("policystore: ignoring pushed %s: %s", snap.id, exc)
+        catalog = events.epoch.partition(":")[2]
+        if events.reset and catalog:
+            self._on_catalog(catalog)
         with self._lock:
             if events.reset:
                 self._hot, self._latest = {}, {}

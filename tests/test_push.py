@@ -1,0 +1,239 @@
+"""The push (catalog -> node store -> reader processes) on a real local Ray: delivery, reading one's own write,
+fallback when the push is stale or the store restarts, deletes, eviction letting go of memory, Ray sessions."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+import ray
+import torch
+from torch import nn
+
+import policystore
+from policystore import StoreConfig
+from policystore.config import CATALOG_NAME, NAMESPACE, store_name
+from policystore.errors import UnknownPolicyError, UnknownVersionError
+
+MiB = 1024 * 1024
+WAIT_S = 60  # how long a condition may take to come true on a loaded machine (not a timing claim)
+
+
+def net() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def weights_of_mib(mib: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    return {"w": torch.randn(int(mib * MiB) // 4, generator=torch.Generator().manual_seed(seed))}
+
+
+def wait_for(condition, what: str):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {WAIT_S} s: {what}")
+
+
+def actor_pid(name: str) -> int:
+    actor = ray.get_actor(name, namespace=NAMESPACE)
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def round_trips(store: policystore.PolicyStore) -> int:
+    """Gets that reached the store (pushed reads do not)."""
+    stats = store.stats()
+    return stats.hits + stats.misses
+
+
+@ray.remote(num_cpus=0.1)
+class Reader:
+    """Another process on the node, reading through its own client."""
+
+    def push_state(self):
+        return policystore.connect().push_state()
+
+    def get(self, policy_id: str, version: int | None = None):
+        """The version got, and whether the store was asked."""
+        store = policystore.connect()
+        before = round_trips(store)
+        snap = store.get(policy_id, version)
+        self.held = snap  # keep it, as a worker playing it would
+        return snap.id, round_trips(store) - before
+
+    def load_twice(self, policy_id: str) -> bool:
+        store = policystore.connect()
+        a, b = store.load_module(policy_id, net), store.load_module(policy_id, net)
+        return a.policystore_snapshot is b.policystore_snapshot
+
+    def get_error(self, policy_id: str, version: int | None = None) -> str:
+        try:
+            policystore.connect().get(policy_id, version)
+        except UnknownPolicyError as exc:
+            return type(exc).__name__
+        return "no error"
+
+
+@pytest.fixture(scope="module")
+def reader(ray_session):
+    actor = Reader.remote()
+    ray.get(actor.__ray_ready__.remote())
+    return actor
+
+
+def pushed(reader, policy_id: str, version: int):
+    state = ray.get(reader.push_state.remote())
+    return state.fresh and state.latest.get(policy_id) == version and (policy_id, version) in state.hot
+
+
+def test_commits_reach_other_processes_and_their_gets_skip_the_store(make_store, reader):
+    store = make_store(max_staleness_s=2.0)
+    source = net()
+    store.publish("p", net().state_dict())
+    store.publish("p", source.state_dict(), meta={"elo": 1})
+    wait_for(lambda: pushed(reader, "p", 2), "p@v2 pushed to the reader")
+    assert ray.get(reader.get.remote("p")) == (("p", 2), 0)  # latest: a lookup, no call to the store
+    assert ray.get(reader.get.remote("p", 1)) == (("p", 1), 0)  # a hot version: one ray.get of a held ref
+    assert ray.get(reader.load_twice.remote("p"))  # held: the same snapshot, not fetched again
+    assert store.stats().watchers >= 1  # the reader's long poll, in the store's watch group
+
+
+def test_a_publisher_reads_its_own_write_at_once(make_store):
+    store = make_store(max_staleness_s=30.0)  # a push this old still counts as fresh: only the floor helps
+    for version in range(1, 6):
+        assert store.publish("mine", weights_of_mib(0.01, version)).version == version
+        assert store.get("mine").id.version == version
+        assert store.latest_version("mine") == version
+
+
+def test_stale_push_falls_back_to_the_store_and_held_refs_still_serve(make_store, reader):
+    store = make_store(max_staleness_s=0.4)
+    store.publish("p", net().state_dict())
+    wait_for(lambda: pushed(reader, "p", 1), "p@v1 pushed")
+    catalog = actor_pid(CATALOG_NAME)
+    os.kill(catalog, signal.SIGSTOP)  # the store hears nothing more: its push goes stale, then the readers'
+    try:
+        wait_for(lambda: not ray.get(reader.push_state.remote()).fresh, "the reader's push to go stale")
+        assert ray.get(reader.get.remote("p", 1)) == (("p", 1), 0)  # a pushed ref needs neither store nor catalog
+        answer = []
+        getter = threading.Thread(target=lambda: answer.append(ray.get(reader.get.remote("p"))))
+        getter.start()  # latest, stale: asks the store, which asks the (stopped) catalog
+        getter.join(timeout=1.0)
+        assert getter.is_alive(), "a stale push answered 'latest' without asking"
+    finally:
+        os.kill(catalog, signal.SIGCONT)
+    getter.join(timeout=WAIT_S)
+    assert answer == [(("p", 1), 1)]
+
+
+def test_a_restarted_store_is_followed_again(make_store, reader):
+    store = make_store(max_staleness_s=0.4)
+    source = net()
+    store.publish("p", source.state_dict(), durable=True)
+    wait_for(lambda: pushed(reader, "p", 1), "p@v1 pushed")
+    os.kill(actor_pid(store_name(store.node_id)), signal.SIGKILL)  # Ray restarts it; it rebuilds from disk
+    policystore.clear_cache()
+    x = torch.randn(3, 16)
+    assert torch.equal(store.load_module("p", net)(x), source(x))  # rides out the restart with round trips
+    wait_for(lambda: pushed(reader, "p", 1), "the restarted store's copy pushed")  # new epoch, new ref
+    assert ray.get(reader.get.remote("p"))[0] == ("p", 1)
+
+
+def test_deletes_are_pushed_and_never_served_again(make_store, reader):
+    store = make_store(max_staleness_s=2.0)
+    for _ in range(2):
+        store.publish("p", net().state_dict())
+    wait_for(lambda: pushed(reader, "p", 2), "p@v2 pushed")
+    assert ray.get(reader.get.remote("p"))[0] == ("p", 2)  # the reader holds v2 now
+    assert store.delete("p", 2) == [("p", 2)]
+    assert store.get("p").id.version == 1  # the deleting process at once
+    wait_for(lambda: pushed(reader, "p", 1) and ("p", 2) not in ray.get(reader.push_state.remote()).hot,
+             "the delete pushed")
+    assert ray.get(reader.get.remote("p"))[0] == ("p", 1)
+    assert ray.get(reader.get_error.remote("p", 2)) == UnknownVersionError.__name__
+    store.delete("p")
+    wait_for(lambda: "p" not in ray.get(reader.push_state.remote()).latest, "the policy's end pushed")
+    assert ray.get(reader.get_error.remote("p")) == UnknownPolicyError.__name__
+
+
+def test_eviction_is_pushed_and_readers_let_go_of_the_memory(make_store, reader):
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    def object_store_used() -> int:
+        reply = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address))
+        return int(reply.store_stats.object_store_bytes_used)
+
+    store = make_store(hot_capacity_bytes=int(5.5 * MiB), max_staleness_s=2.0)
+    store.publish("a", weights_of_mib(4))
+    wait_for(lambda: pushed(reader, "a", 1), "a pushed")
+    assert object_store_used() >= 4 * MiB
+    store.publish("b", weights_of_mib(1, seed=1))
+    store.publish("c", weights_of_mib(1, seed=2))  # over capacity: a is evicted (it is on disk by now)
+    wait_for(lambda: ("a", 1) not in ray.get(reader.push_state.remote()).hot, "a's eviction pushed")
+    assert ("a", 1) not in store.push_state().hot
+    wait_for(lambda: object_store_used() < 3 * MiB, "a's memory freed once no process holds it")
+    assert ray.get(reader.get.remote("a"))[0] == ("a", 1)  # and it comes back from disk on demand
+
+
+def test_clear_cache_drops_this_process_snapshots(make_store):
+    store = make_store()
+    store.publish("p", net().state_dict())
+    first = store.get("p")
+    assert store.get("p") is first
+    policystore.clear_cache()
+    again = store.get("p")
+    assert again is not first and again.id == first.id
+    store.drop_cache()
+    assert store.get("p") is not again
+    assert torch.equal(again["0.weight"], first["0.weight"])
+
+
+def test_push_settings_are_checked():
+    for bad in (-1, "1", True, float("nan"), 1e9):
+        with pytest.raises(ValueError, match="max_staleness_s"):
+            StoreConfig(max_staleness_s=bad)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="max_watchers"):
+            StoreConfig(max_watchers=bad)
+
+
+_NEW_SESSION = """
+import ray, torch, policystore
+def start():
+    ray.init(address="local", num_cpus=1, object_store_memory=200_000_000, include_dashboard=False,
+             logging_level="error")
+start()
+old = policystore.connect()
+old.publish("p", {"w": torch.ones(4)})
+held = old.get("p")                         # kept alive on purpose, like an old Algorithm object
+ray.shutdown()
+start()                                     # a new session in the same process: its store is empty
+try:
+    old.get("p")
+    print("REUSED")
+except policystore.UnknownPolicyError:
+    print("EMPTY")
+new = policystore.connect()
+print("NEW" if new is not old else "SAME")
+print(new.publish("p", {"w": torch.zeros(4)}).version, float(old.get("p")["w"].sum()))
+policystore.client.shutdown_all()
+ray.shutdown()
+"""
+
+
+def test_a_new_ray_session_never_reuses_the_old_sessions_state():
+    short = tempfile.mkdtemp(prefix="ps-", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    try:
+        done = subprocess.run([sys.executable, "-c", _NEW_SESSION], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "TMPDIR": short})
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["EMPTY", "NEW", "1", "0.0"], done.stdout
