@@ -1,10 +1,11 @@
 """Time until a worker has a usable module, by snapshot size: store paths against the usual baselines.
 
 Cases, timed inside a worker actor (p50/p99 over --repeats, fewer for big snapshots):
-  hot_get / hot_module      latest version, hot in the node's store, not yet in this process (the client cache
-                            is emptied between samples): the store resolves "latest" with the cluster catalog,
-                            then ray.get, header parse, views (+ the module build)
-  hot_get_version           the same for an explicit version: no catalog lookup, one round trip to the store
+  hot_get / hot_module      latest version, hot in the node's store, not yet opened by this process (nothing
+                            keeps it between samples): "latest" comes from what the store pushed to the
+                            process, the snapshot from one ray.get of the ref pushed with it, then views
+                            (+ the module build); store_round_trips counts the gets that asked the store
+  hot_get_version           the same for an explicit version
   cache_get / cache_module  repeated get of a version this process already holds (client cache hit)
   restore_module            snapshot evicted to the disk tier: the store restores it (read, checksum, ray.put);
                             the hot tier holds one snapshot and two are read in turn, so every get is a restore
@@ -12,6 +13,10 @@ Cases, timed inside a worker actor (p50/p99 over --repeats, fewer for big snapsh
                             load_state_dict into an already built private module
   torch_load                baseline: torch.load(weights_only=True) of a .pt file (page cache warm), then
                             load_state_dict into an already built private module
+  noop_actor_call           floor: ray.get of a call to an actor method that does nothing (any design that
+                            asks an actor per read pays at least this)
+  ray_get_borrowed_ref      floor: ray.get of a ref to an object of the snapshot's size that another actor
+                            owns and this process already holds (what a pushed read pays at least)
 
 Each size runs in a fresh Ray session. Latencies on a shared 2-core machine are noisy: every row carries the
 load average.
@@ -20,11 +25,13 @@ load average.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 
@@ -34,10 +41,22 @@ from . import harness
 from .harness import MiB
 from .nets import ARCHS, NetSpec, random_weights
 
+log = logging.getLogger("benchmarks.fetch_latency")
 CASES = (
     "hot_get", "hot_get_version", "hot_module", "cache_get", "cache_module", "restore_module",
-    "ray_get_load_state_dict", "torch_load",
+    "ray_get_load_state_dict", "torch_load", "noop_actor_call", "ray_get_borrowed_ref",
 )
+
+
+class Owner:
+    """Another process that owns an object and answers calls that do nothing (Ray actor): the floors."""
+
+    def noop(self) -> None:
+        return None
+
+    def put(self, nbytes: int) -> list[ray.ObjectRef]:
+        self.ref = ray.put(np.ones(nbytes, dtype=np.uint8))
+        return [self.ref]  # inside a list: the caller borrows the ref instead of receiving the bytes
 
 
 class Reader:
@@ -47,16 +66,35 @@ class Reader:
         self.spec = spec
         self.store = policystore.connect()
 
+    def wait_pushed(self, policy_id: str, version: int, timeout_s: float = 60.0) -> bool:
+        """Wait until the store's push has reached this process (the state every later read starts from)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.store.push_state()
+            if state.fresh and state.latest.get(policy_id) == version and (policy_id, version) in state.hot:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def floors(self, owner: Any, repeats: int, nbytes: int) -> dict[str, list[float]]:
+        (ref,) = ray.get(owner.put.remote(nbytes))
+        return {
+            "noop_actor_call": harness.timed(lambda: ray.get(owner.noop.remote()), repeats),
+            "ray_get_borrowed_ref": harness.timed(lambda: ray.get(ref), repeats),
+        }
+
     def hot(self, policy_id: str, repeats: int, module: bool, version: int | None) -> tuple[list[float], int]:
-        """Samples, and how many gets reached the store (all of them, unless the client cache kept one)."""
-        hits = self.store.stats()["hits"]
+        """Samples, and how many gets reached the store (none, when the push is fresh)."""
+        stats = self.store.stats()
+        asked = stats["hits"] + stats["misses"]
         out = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
             got = self.store.load_module(policy_id, self.spec) if module else self.store.get(policy_id, version)
             out.append(time.perf_counter() - start)
             del got  # nothing else holds it: the next get misses the client cache again
-        return out[1:], self.store.stats()["hits"] - hits
+        stats = self.store.stats()
+        return out[1:], stats["hits"] + stats["misses"] - asked
 
     def cached(self, policy_id: str, repeats: int, module: bool) -> list[float]:
         held = self.store.get(policy_id)
@@ -113,12 +151,18 @@ def run_size(results: harness.Results, size_mib: int, args: Any) -> None:
         }
         del ref
         os.unlink(pt_path)
+        owner = ray.remote(Owner).options(num_cpus=0.1).remote()
+        timings.update(ray.get(reader.floors.remote(owner, repeats, nbytes)))
+        ray.kill(owner)
         for pid in ("a", "b"):
             store.publish(pid, random_weights(spec, ord(pid)))
         store.flush()
         timings["restore_module"] = ray.get(reader.restore.remote(["a", "b"], repeats))
         store_gets = {}
         latest = store.latest_version("b")
+        store.get("b")  # hot again (the restore case left it on disk) ...
+        if not ray.get(reader.wait_pushed.remote("b", latest)):  # ... and pushed to the reader
+            log.warning("the push did not reach the reader: hot cases include round trips")
         for case, module, version in (("hot_get", False, None), ("hot_get_version", False, latest),
                                       ("hot_module", True, None)):
             timings[case], store_gets[case] = ray.get(reader.hot.remote("b", args.repeats, module, version))

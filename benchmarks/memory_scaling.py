@@ -25,6 +25,7 @@ about an hour on 2 cores; --sizes-mib/--workers/--snapshots/--modes run a part o
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -34,6 +35,7 @@ import torch
 
 import policystore
 from policystore import memory
+from policystore.config import CATALOG_NAME, NAMESPACE, store_name
 
 from . import harness
 from .harness import MiB
@@ -112,6 +114,15 @@ def measure(store: policystore.PolicyStore, settle_s: float) -> dict[str, int]:
     }
 
 
+def store_actors_pss_bytes(store: policystore.PolicyStore) -> int:
+    """PSS of the node's store actor plus the catalog actor: the store's own fixed cost on the node."""
+    total = 0
+    for name in (store_name(store.node_id), CATALOG_NAME):
+        actor = ray.get_actor(name, namespace=NAMESPACE)
+        total += memory.pss_bytes([psutil.Process(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())))])
+    return total
+
+
 def run_session(
     results: harness.Results, mode: str, workers: int, spec: NetSpec, size_mib: int, ks: list[int], args: Any
 ) -> None:
@@ -126,6 +137,7 @@ def run_session(
         pool = [ray.remote(Worker).options(**opts).remote(mode, spec) for _ in range(workers)]
         ray.get([a.__ray_ready__.remote() for a in (learner, *pool)])
         idle = measure(store, args.settle_s)
+        actors_idle = store_actors_pss_bytes(store)
         loaded = 0
         for k in ks:
             new_ids = ray.get(learner.publish.remote(loaded, k))
@@ -150,6 +162,7 @@ def run_session(
                     "object_store_used_mib": now["object_store_used"] / MiB,
                     "system_used_delta_mib": (now["system_used"] - idle["system_used"]) / MiB,
                     "idle_pss_mib": idle["pss"] / MiB,
+                    "store_actors_idle_pss_mib": actors_idle / MiB,
                     "processes": now["processes"],
                     "load_s": load_s,
                     "forward_s": forward_s,

@@ -2,12 +2,13 @@
 
 Timed inside a learner actor, per snapshot size (p50/p99 over --repeats, fewer for big snapshots):
   memcpy_ms         np.copyto of the packed buffer's bytes between two preallocated arrays (the yardstick)
-  pack_ms           policystore.format.pack(state_dict): the copy into one buffer plus the CRC-32
-  publish_ms        store.publish(policy, state_dict): pack, the call to the store actor (Ray copies the buffer
-                    into the object store as the argument) and the store's own ray.put copy; the disk write
-                    happens in the background
+  pack_ms           policystore.format.pack(state_dict): the copy into one buffer plus the CRC-32C
+  publish_ms        store.publish(policy, state_dict): pack straight into a staging file in /dev/shm, one call
+                    to the store actor (the file's name crosses, not the bytes), the store's one copy into the
+                    object store and one catalog call; the disk write happens in the background
   durable_ms        store.publish(..., durable=True): also written, checksummed and fsync'd before returning
   publish_x_memcpy  publish_ms / memcpy_ms (target <= 3)
+  noop_call_ms      floor: ray.get of an actor call that does nothing (a publish makes two: store, catalog)
 Between samples (untimed) the learner waits for background spills and deletes the version it published, so
 every sample starts from the same state.
 """
@@ -25,6 +26,7 @@ import policystore
 from policystore.format import pack
 
 from . import harness
+from .fetch_latency import Owner
 from .harness import MiB
 from .nets import ARCHS, NetSpec, random_weights
 
@@ -43,7 +45,9 @@ class Learner:
 
     def run(self, spec: NetSpec, repeats: int) -> dict[str, list[float]]:
         weights = random_weights(spec, 0)
+        owner = ray.remote(Owner).options(num_cpus=0.1).remote()
         out: dict[str, list[float]] = {
+            "noop_call": harness.timed(lambda: ray.get(owner.noop.remote()), repeats),
             "memcpy": memcpy_times(len(pack(weights, policy_id="learner")), repeats),
             "pack": harness.timed(lambda: pack(weights, policy_id="learner"), repeats),
         }
@@ -119,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
             })
             bar.advance(task)
     results.finish(
-        ["snapshot_mib", "samples", "memcpy_ms", "pack_ms", "publish_ms", "durable_ms", "pack_x_memcpy",
-         "publish_x_memcpy", "durable_x_memcpy", "loadavg_1m"],
+        ["snapshot_mib", "samples", "noop_call_ms", "memcpy_ms", "pack_ms", "publish_ms", "durable_ms",
+         "pack_x_memcpy", "publish_x_memcpy", "durable_x_memcpy", "loadavg_1m"],
         plot,
     )
 

@@ -376,7 +376,8 @@ class PolicyStore:
         except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
             self._follower.drop(sid)
             return None
-        self._actor.touch.remote(*sid)  # no wait: keeps the store's LRU order honest about pushed reads
+        if self._follower.first_use(sid):  # no wait: keeps the store's LRU order honest about pushed reads
+            self._actor.touch.remote(*sid)
         return session.keep(Snapshot(sid, buffer, ref, header))
 
     def _resolve(self, session: _Session, policy_id: str, version: int | None) -> Snapshot:
