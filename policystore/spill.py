@@ -141,8 +141,18 @@ def open_folder_fd(path: str | os.PathLike, *, follow: bool) -> int:
     try:
         return os.open(path, _DIR_FLAGS if not follow else _DIR_FLAGS & ~os.O_NOFOLLOW)
     except OSError as exc:
-        reason = "is a symlink" if exc.errno == errno.ELOOP else exc.strerror
-        raise SnapshotFolderError(exc.errno, f"snapshot folder {path}: {reason}") from None
+        raise SnapshotFolderError(exc.errno, f"snapshot folder {path}: {_why(exc, path)}") from None
+
+
+def _why(exc: OSError, path: str | os.PathLike, dir_fd: int | None = None) -> str:
+    """What an OSError from opening ``path`` without following symlinks means, in words."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        try:
+            if stat.S_ISLNK(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                return "a symlink (never followed)"
+        except OSError:
+            pass
+    return exc.strerror or str(exc)
 
 
 @contextmanager
@@ -173,7 +183,7 @@ def survey(root: Path, root_fd: int) -> Survey:
         except InvalidPolicyIdError:
             found.skipped.append(f"{where}: not a policy folder")
         except OSError as exc:
-            found.skipped.append(f"{where}: {'a symlink' if exc.errno == errno.ELOOP else exc.strerror}")
+            found.skipped.append(f"{where}: {_why(exc, name, root_fd)}")
     return found
 
 
@@ -642,11 +652,7 @@ class DiskTier:
         try:
             fd = os.open(policy_id, _DIR_FLAGS, dir_fd=self._fd)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise SnapshotFolderError(
-                    exc.errno, f"{self.root / policy_id} is not a real folder (a symlink or a file): not used"
-                ) from None
-            raise
+            raise SnapshotFolderError(exc.errno, f"{self.root / policy_id}: {_why(exc, policy_id, self._fd)}") from None
         try:
             yield fd
         finally:
@@ -670,10 +676,9 @@ class DiskTier:
                     os.unlink(name, dir_fd=folder)
                     if sync:
                         os.fsync(folder)
-        except FileNotFoundError:
-            pass
-        except (SnapshotFolderError, OSError) as exc:
-            log.warning("not removing %s: %s", file.path, exc)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("not removing %s: %s", file.path, exc)
 
 
 def _versioned_head(buf: np.ndarray, header: Header, version: int) -> bytes:
