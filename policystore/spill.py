@@ -117,6 +117,7 @@ class Survey:
     skipped: list[str] = field(default_factory=list)
     damaged: list[tuple[SnapshotId, Path, str]] = field(default_factory=list)
     temps: list[Path] = field(default_factory=list)
+    others: list[Path] = field(default_factory=list)  # other regular files in policy folders (also in skipped)
 
 
 class _NotTheFile(CorruptSnapshotError):
@@ -165,14 +166,15 @@ def _subfolder(name: str, dir_fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-def survey(root: Path, root_fd: int) -> Survey:
-    """Every snapshot file under ``root_fd`` (headers only), changing nothing; never raises on junk.
+def survey(root: Path, root_fd: int, policy_id: str | None = None) -> Survey:
+    """Every snapshot file under ``root_fd`` (or in ``policy_id``'s folder; headers only), changing nothing;
+    never raises on junk.
 
     Only folders named like policy ids are entered and only regular files named like snapshots are read; a
     file whose header does not parse, or says it is another snapshot than its place says, is ``damaged``.
     """
     found = Survey()
-    for name in sorted(os.listdir(root_fd)):
+    for name in sorted(os.listdir(root_fd)) if policy_id is None else [policy_id]:
         if name == QUARANTINE:
             continue
         where = root / name
@@ -183,7 +185,8 @@ def survey(root: Path, root_fd: int) -> Survey:
         except InvalidPolicyIdError:
             found.skipped.append(f"{where}: not a policy folder")
         except OSError as exc:
-            found.skipped.append(f"{where}: {_why(exc, name, root_fd)}")
+            if policy_id is None or exc.errno != errno.ENOENT:
+                found.skipped.append(f"{where}: {_why(exc, name, root_fd)}")
     return found
 
 
@@ -200,6 +203,8 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int) 
         if name.startswith(_TMP_PREFIX) and stat.S_ISREG(st.st_mode):
             found.temps.append(path)
         elif parsed is None or not stat.S_ISREG(st.st_mode):
+            if stat.S_ISREG(st.st_mode):
+                found.others.append(path)
             found.skipped.append(f"{path}: {'not a snapshot file' if parsed is None else 'not a regular file'}")
         elif parsed[0] in seen:
             found.skipped.append(f"{path}: a second file for version {parsed[0]}")
