@@ -62,6 +62,7 @@ _FILE = re.compile(r"(\d{10})(\.safetensors(?:\.lz4)?)")
 _TMP_PREFIX = ".tmp-"
 _REASON_SUFFIX = ".reason.json"
 _PROBE_BYTES = 4 * 1024 * 1024  # compress this much first; store raw if lz4 saves < 10% on it
+_OVERLAP_BYTES = 8 * 1024 * 1024  # raw files at least this big are checksummed on a thread while put copies them
 _READ_CHUNK = 4 * 1024 * 1024  # compressed bytes per step: keeps the decompressed pieces a few MiB
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: map and read the whole file in one call
@@ -299,6 +300,9 @@ def _header_len(head: bytes, total: int, what: str) -> int:
 
 
 def _put_while_checking(buf: np.ndarray, header: Header, what: str, put: Callable[[np.ndarray], T]) -> T:
+    if header.nbytes < _OVERLAP_BYTES:  # a small buffer checks faster than a thread starts
+        check_checksum(header, checksum_of(header, iter_data(header, buf)), what)
+        return put(buf)
     result: list = []
     checker = threading.Thread(
         target=lambda: result.append(_catch(lambda: checksum_of(header, iter_data(header, buf)))),

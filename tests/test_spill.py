@@ -64,9 +64,10 @@ def test_round_trip_records_the_version_and_private_modes(tier, compressible):
         assert not out.flags.writeable
 
 
-def test_restore_hands_put_the_verified_buffer_and_drops_it_when_damaged(tier):
+@pytest.mark.parametrize("mib", [0, 9])  # small files are checked before put, large ones while put copies
+def test_restore_hands_put_the_verified_buffer_and_drops_it_when_damaged(tier, mib):
     sid = SnapshotId("p", 1)
-    buf = packed("p")
+    buf = pack({"w": torch.randn(mib * 2**18 + 100)}, policy_id="p")
     file = spill(tier, sid, buf)
     assert tier.restore(file, str(sid), expect=expect(sid, buf), put=lambda b: ("put", len(b)))[0] == "put"
     raw = bytearray(file.path.read_bytes())
