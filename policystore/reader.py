@@ -30,6 +30,7 @@ from .format import META_CREATED, Header
 from .ids import SnapshotId, check_policy_id, check_version
 from .snapshot import Snapshot
 from .spill import (
+    READ_FLAGS,
     Expected,
     SpillFile,
     Survey,
@@ -194,7 +195,7 @@ class FolderReader:
         """Open a file below the folder without following any symlink on the way."""
         folder = os.open(self._relative(path.parent), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._fd)
         try:
-            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+            fd = os.open(path.name, READ_FLAGS, dir_fd=folder)
         finally:
             os.close(folder)
         return open(fd, "rb", buffering=0)

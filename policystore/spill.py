@@ -65,6 +65,7 @@ _PROBE_BYTES = 4 * 1024 * 1024  # compress this much first; store raw if lz4 sav
 _OVERLAP_BYTES = 8 * 1024 * 1024  # raw files at least this big are checksummed on a thread while put copies them
 _READ_CHUNK = 4 * 1024 * 1024  # compressed bytes per step: keeps the decompressed pieces a few MiB
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO in place of a file cannot hang us
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: map and read the whole file in one call
 
 T = TypeVar("T")
@@ -214,7 +215,7 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int) 
             sid = SnapshotId(policy_id, parsed[0])
             file = SpillFile(path, parsed[1], st.st_size)
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+                fd = os.open(name, READ_FLAGS, dir_fd=folder_fd)
                 with open(fd, "rb", buffering=0) as f:
                     header = read_header(f, file, sid)
                 found.entries.append(DiskEntry(sid, file, header))
@@ -561,7 +562,7 @@ class DiskTier:
         try:
             policy_id, name = self._locate(file)
             with self._folder(policy_id) as folder:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+                fd = os.open(name, READ_FLAGS, dir_fd=folder)
             with open(fd, "rb", buffering=0) as f:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise _NotTheFile(f"{what}: {file.path} is not a regular file")
@@ -632,7 +633,7 @@ class DiskTier:
                         continue
                     moved = str(self.root / QUARANTINE / name.removesuffix(_REASON_SUFFIX))
                     try:
-                        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=qfd)
+                        fd = os.open(name, READ_FLAGS, dir_fd=qfd)
                         with open(fd, "rb") as f:
                             info = json.loads(f.read(64 * 1024))
                         records.append(QuarantineRecord(moved, str(info["reason"]), float(info["when"])))

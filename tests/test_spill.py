@@ -155,6 +155,7 @@ def test_scan_survives_junk_adopts_only_valid_files_and_quarantines_damaged_ones
     (p / ".tmp-abc").write_bytes(b"half a file")  # an unfinished temp file: removed
     (p / "notes.txt").write_text("hello")
     (p / "0000000000.safetensors").write_bytes(b"version zero")
+    os.mkfifo(p / "0000000017.safetensors")  # opening it for reading would block
     (root / "not an id!").mkdir()
     (root / "..x").mkdir()
     (root / "stray-file").write_bytes(b"x")
@@ -175,7 +176,7 @@ def test_scan_survives_junk_adopts_only_valid_files_and_quarantines_damaged_ones
     assert all(Path(q).parent == root / QUARANTINE for q in result.quarantined)
     skipped = "\n".join(result.skipped)
     for name in ("dangling", "0000000009.safetensors", ".tmp-leftover-dir", "notes.txt", "not an id!", "..x",
-                 "stray-file", "0000000000.safetensors"):
+                 "stray-file", "0000000000.safetensors", "0000000017.safetensors"):
         assert name in skipped
     assert not (p / ".tmp-abc").exists() and (p / ".tmp-leftover-dir").is_dir()
     again = tier.scan()  # a second start finds the same snapshots and nothing new to move
