@@ -168,12 +168,13 @@ def _subfolder(name: str, dir_fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-def survey(root: Path, root_fd: int, policy_id: str | None = None) -> Survey:
+def survey(root: Path, root_fd: int, policy_id: str | None = None, *, owner: int | None = None) -> Survey:
     """Every snapshot file under ``root_fd`` (or in ``policy_id``'s folder; headers only), changing nothing;
     never raises on junk.
 
-    Only folders named like policy ids are entered and only regular files named like snapshots are read; a
-    file whose header does not parse, or says it is another snapshot than its place says, is ``damaged``.
+    Only folders named like policy ids are entered and only regular files named like snapshots are read (and,
+    given ``owner``, only those that uid owns); a file whose header does not parse, or says it is another
+    snapshot than its place says, is ``damaged``.
     """
     found = Survey()
     for name in sorted(os.listdir(root_fd)) if policy_id is None else [policy_id]:
@@ -183,7 +184,10 @@ def survey(root: Path, root_fd: int, policy_id: str | None = None) -> Survey:
         try:
             check_policy_id(name)
             with _subfolder(name, root_fd) as folder_fd:
-                _survey_policy(found, where, name, folder_fd)
+                if owner is not None and os.fstat(folder_fd).st_uid != owner:
+                    found.skipped.append(f"{where}: owned by uid {os.fstat(folder_fd).st_uid}, not {owner}")
+                    continue
+                _survey_policy(found, where, name, folder_fd, owner)
         except InvalidPolicyIdError:
             found.skipped.append(f"{where}: not a policy folder")
         except OSError as exc:
@@ -192,7 +196,7 @@ def survey(root: Path, root_fd: int, policy_id: str | None = None) -> Survey:
     return found
 
 
-def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int) -> None:
+def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int, owner: int | None) -> None:
     seen: set[int] = set()
     for name in sorted(os.listdir(folder_fd)):
         path = folder / name
@@ -208,6 +212,8 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int) 
             if stat.S_ISREG(st.st_mode):
                 found.others.append(path)
             found.skipped.append(f"{path}: {'not a snapshot file' if parsed is None else 'not a regular file'}")
+        elif owner is not None and st.st_uid != owner:
+            found.skipped.append(f"{path}: owned by uid {st.st_uid}, not {owner}")
         elif parsed[0] in seen:
             found.skipped.append(f"{path}: a second file for version {parsed[0]}")
         else:
@@ -564,8 +570,9 @@ class DiskTier:
             with self._folder(policy_id) as folder:
                 fd = os.open(name, READ_FLAGS, dir_fd=folder)
             with open(fd, "rb", buffering=0) as f:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise _NotTheFile(f"{what}: {file.path} is not a regular file")
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or (self.private and st.st_uid != os.geteuid()):
+                    raise _NotTheFile(f"{what}: {file.path} is not a regular file of this user")
                 version = parse_file_name(name)
                 if version is None:
                     raise _NotTheFile(f"{what}: {file.path} is not a committed snapshot file")
@@ -583,7 +590,7 @@ class DiskTier:
         """Every committed snapshot file under the root (headers only). Never raises on junk: unfinished temp
         files are removed, damaged or misplaced snapshot files are quarantined, anything else is left alone and
         reported in ``skipped``."""
-        found = survey(self.root, self._fd)
+        found = survey(self.root, self._fd, owner=os.geteuid() if self.private else None)
         for path in found.temps:
             log.info("removing unfinished spill file %s", path)
             self._unlink(SpillFile(path, False, 0), sync=False)

@@ -170,13 +170,21 @@ def test_scan_survives_junk_adopts_only_valid_files_and_quarantines_damaged_ones
     for name, data in bad.items():
         (p / name).write_bytes(data)
     shutil.copy(p / "0000000001.safetensors", p / "0000000016.safetensors")  # misplaced: holds v1
+    if os.geteuid() == 0:  # planted by another user before the folder was private: not adopted, not moved
+        shutil.copy(root / "q-1.x" / "0000000005.safetensors", p / "0000000018.safetensors")
+        os.chown(p / "0000000018.safetensors", 65534, 65534)
+        planted = root / "r"
+        planted.mkdir()
+        shutil.copy(p / "0000000001.safetensors", planted / "0000000001.safetensors")
+        os.chown(planted, 65534, 65534)
     result = tier.scan()
     assert {e.id for e in result.entries} == set(good)
     assert len(result.quarantined) == len(bad) + 1 and len(tier.quarantined()) == len(bad) + 1
     assert all(Path(q).parent == root / QUARANTINE for q in result.quarantined)
     skipped = "\n".join(result.skipped)
     for name in ("dangling", "0000000009.safetensors", ".tmp-leftover-dir", "notes.txt", "not an id!", "..x",
-                 "stray-file", "0000000000.safetensors", "0000000017.safetensors"):
+                 "stray-file", "0000000000.safetensors", "0000000017.safetensors",
+                 *(["0000000018.safetensors", f"{root / 'r'}: owned by uid 65534"] if os.geteuid() == 0 else [])):
         assert name in skipped
     assert not (p / ".tmp-abc").exists() and (p / ".tmp-leftover-dir").is_dir()
     again = tier.scan()  # a second start finds the same snapshots and nothing new to move
