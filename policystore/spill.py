@@ -535,6 +535,8 @@ class DiskTier:
     def commit(self, temp: SpillFile, sid: SnapshotId) -> SpillFile:
         """Atomically move a temp file to ``sid``'s place."""
         policy_id, name = self._locate(temp)
+        if policy_id != sid.policy_id or not name.startswith(_TMP_PREFIX):
+            raise _NotTheFile(f"{temp.path} is not a temp file of {sid.policy_id!r}: cannot commit it as {sid}")
         final = file_name(sid.version, temp.compressed)
         with self._folder(policy_id) as folder:
             os.replace(name, final, src_dir_fd=folder, dst_dir_fd=folder)
