@@ -182,7 +182,9 @@ class FolderReader:
     def _read(self, item: _Item) -> np.ndarray:
         try:
             with self._open(item.file.path) as f:
-                return load(f, item.file, item.info.id, str(item.info.id), item.expect, lambda buf: buf)
+                buf, pending = load(f, item.file, item.info.id, str(item.info.id), item.expect)
+            pending.wait()
+            return buf
         except OSError as exc:
             raise CorruptSnapshotError(f"{item.info.id}: cannot read {item.file.path} ({exc.strerror})") from None
         except CorruptSnapshotError as exc:

@@ -263,29 +263,63 @@ def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, wha
         )
 
 
-def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expected | None,
-         put: Callable[[np.ndarray], T]) -> T:
-    """``put(buffer)`` of the file's snapshot, returned only once the buffer is verified (see DiskTier.read).
+def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expected | None
+         ) -> tuple[np.ndarray, Pending]:
+    """The file's snapshot buffer, and its checksum check (see DiskTier.read); ``Pending.wait()`` before use.
 
-    A raw file is mapped read-only and read in one call; its checksum runs on a helper thread while ``put``
-    copies it (both release the GIL), so the check adds little to the copy. An lz4 file is decompressed into a
-    buffer no larger than its header describes (and at most MAX_LZ4_RATIO times the file) while this thread
-    checksums what has arrived. Content problems raise CorruptSnapshotError, anything else _NotTheFile.
+    A raw file is mapped read-only and read in by the map call; a large one's checksum then runs on a helper
+    thread, so the caller can copy the buffer meanwhile (both release the GIL) and the check adds little to
+    the copy. An lz4 file is decompressed into a buffer no larger than its header describes (and at most
+    MAX_LZ4_RATIO times the file) while this thread checksums what has arrived. Content problems raise
+    CorruptSnapshotError, anything else _NotTheFile.
     """
     if expect is not None and expect.id != sid:
         raise _NotTheFile(f"{what}: asked to read {file.path} as {expect.id}")
     try:
         if file.compressed:
-            buf = _lz4_read_verified(f, file, sid, what, expect)
-            return put(buf)
+            return _lz4_read_verified(f, file, sid, what, expect), Pending()
         buf = _map_readonly(f)
         header = _parse(buf, what, len(buf))
         check_identity(header, sid, expect, what)
-        return _put_while_checking(buf, header, what, put)
+        return buf, Pending(buf, header, what)
     except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
         raise CorruptSnapshotError(f"{what}: not a valid lz4 frame ({exc})") from None
     except OSError as exc:
         raise _NotTheFile(f"{what}: cannot read {file.path} ({exc.strerror})") from None
+
+
+class Pending:
+    """The checksum check of a buffer being handed out: on a helper thread for large buffers, else done at once.
+
+    ``wait()`` returns once it has finished and raises CorruptSnapshotError if the buffer did not verify.
+    """
+
+    def __init__(self, buf: np.ndarray | None = None, header: Header | None = None, what: str = ""):
+        self._result: list[tuple[str | None, BaseException | None]] = []
+        self._header, self._what, self._thread = header, what, None
+        if buf is None or header is None:  # already checked
+            return
+        if header.nbytes < _OVERLAP_BYTES:  # a small buffer checks faster than a thread starts
+            check_checksum(header, checksum_of(header, iter_data(header, buf)), what)
+            return
+        self._thread = threading.Thread(
+            target=lambda: self._result.append(_catch(lambda: checksum_of(header, iter_data(header, buf)))),
+            name="policystore-checksum", daemon=True,
+        )
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def wait(self) -> None:
+        self.join()
+        if self._thread is None:
+            return
+        actual, error = self._result[0]
+        if error is not None:
+            raise error
+        check_checksum(self._header, actual, self._what)
 
 
 def _parse(buf: np.ndarray | bytes, what: str, total: int) -> Header:
@@ -304,27 +338,6 @@ def _header_len(head: bytes, total: int, what: str) -> int:
     if length > min(MAX_HEADER_BYTES, total - 8):
         raise CorruptSnapshotError(f"{what}: header length {length} does not fit a buffer of {total} bytes")
     return length
-
-
-def _put_while_checking(buf: np.ndarray, header: Header, what: str, put: Callable[[np.ndarray], T]) -> T:
-    if header.nbytes < _OVERLAP_BYTES:  # a small buffer checks faster than a thread starts
-        check_checksum(header, checksum_of(header, iter_data(header, buf)), what)
-        return put(buf)
-    result: list = []
-    checker = threading.Thread(
-        target=lambda: result.append(_catch(lambda: checksum_of(header, iter_data(header, buf)))),
-        name="policystore-checksum", daemon=True,
-    )
-    checker.start()
-    try:
-        out = put(buf)
-    finally:
-        checker.join()
-    actual, error = result[0]
-    if error is not None:
-        raise error
-    check_checksum(header, actual, what)
-    return out
 
 
 def _catch(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
@@ -568,6 +581,21 @@ class DiskTier:
         instead of before, so a restore costs about one copy; if the check fails, put's result is dropped.
         """
         try:
+            buf, pending = self._load(file, what, expect)
+        except CorruptSnapshotError as exc:
+            raise self._refuse(file, exc) from None
+        try:
+            out = put(buf)  # put's own errors pass through untouched: they are not the file's fault
+        finally:
+            pending.join()
+        try:
+            pending.wait()
+        except CorruptSnapshotError as exc:
+            raise self._refuse(file, exc) from None
+        return out
+
+    def _load(self, file: SpillFile, what: str, expect: Expected | None) -> tuple[np.ndarray, Pending]:
+        try:
             policy_id, name = self._locate(file)
             with self._folder(policy_id) as folder:
                 fd = os.open(name, READ_FLAGS, dir_fd=folder)
@@ -578,15 +606,17 @@ class DiskTier:
                 version = parse_file_name(name)
                 if version is None:
                     raise _NotTheFile(f"{what}: {file.path} is not a committed snapshot file")
-                return load(f, file, SnapshotId(policy_id, version[0]), what, expect, put)
-        except _NotTheFile:
-            raise
-        except CorruptSnapshotError as exc:
-            moved = self.quarantine(file, f"{exc} [file {file.path}]")
-            raise CorruptSnapshotError(f"{exc} [file {file.path}, moved to {moved}]") from None
+                return load(f, file, SnapshotId(policy_id, version[0]), what, expect)
         except OSError as exc:
             gone = "has disappeared" if exc.errno == errno.ENOENT else f"cannot be read ({exc.strerror})"
             raise _NotTheFile(f"{what}: its spill file {file.path} {gone}") from None
+
+    def _refuse(self, file: SpillFile, exc: CorruptSnapshotError) -> CorruptSnapshotError:
+        """The error to raise for a read that failed; a file at fault is moved to quarantine first."""
+        if isinstance(exc, _NotTheFile):
+            return exc
+        moved = self.quarantine(file, f"{exc} [file {file.path}]")
+        return CorruptSnapshotError(f"{exc} [file {file.path}, moved to {moved}]")
 
     def scan(self) -> ScanResult:
         """Every committed snapshot file under the root (headers only). Never raises on junk: unfinished temp

@@ -298,3 +298,18 @@ def test_any_bytes_on_disk_are_served_exactly_or_refused(tmp_path, data, compres
         except CorruptSnapshotError:
             return
         assert parse_header(out, name="out").checksum  # served only what verifies
+
+
+@pytest.mark.parametrize("mib", [0, 9])
+@pytest.mark.parametrize("error", [RuntimeError("object store full"), OSError(5, "EIO"), CorruptSnapshotError("x")])
+def test_a_failing_put_is_not_the_files_fault(tier, mib, error):
+    sid = SnapshotId("p", 1)
+    buf = pack({"w": torch.randn(mib * 2**18 + 100)}, policy_id="p")
+    file = spill(tier, sid, buf)
+
+    def put(_):
+        raise error
+
+    with pytest.raises(type(error)):
+        tier.restore(file, str(sid), expect=expect(sid, buf), put=put)
+    assert tier.find(sid) == file and tier.quarantined() == []
