@@ -63,7 +63,7 @@ _TMP_PREFIX = ".tmp-"
 _REASON_SUFFIX = ".reason.json"
 _PROBE_BYTES = 4 * 1024 * 1024  # compress this much first; store raw if lz4 saves < 10% on it
 _OVERLAP_BYTES = 8 * 1024 * 1024  # raw files at least this big are checksummed on a thread while put copies them
-_READ_CHUNK = 4 * 1024 * 1024  # compressed bytes per step: keeps the decompressed pieces a few MiB
+_LZ4_STEP = 256 * 1024  # bytes in and at most out per decompression step: the pieces stay in cache
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO in place of a file cannot hang us
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: map and read the whole file in one call
@@ -430,10 +430,10 @@ def _lz4_fill(f: BinaryIO, buf: np.ndarray, progress: Callable[[int], None], sto
     decompressor = lz4.frame.LZ4FrameDecompressor()
     got = 0
     while not decompressor.eof and not stop.is_set():
-        data = f.read(_READ_CHUNK // 4) if decompressor.needs_input else b""
+        data = f.read(_LZ4_STEP) if decompressor.needs_input else b""
         if not data and decompressor.needs_input:
             break
-        out = decompressor.decompress(data, max_length=min(_READ_CHUNK, len(buf) - got + 1))
+        out = decompressor.decompress(data, max_length=min(_LZ4_STEP, len(buf) - got + 1))
         if got + len(out) > len(buf):
             raise CorruptSnapshotError(f"the lz4 frame holds more than the {len(buf)} bytes it records")
         buf[got : got + len(out)] = np.frombuffer(out, dtype=np.uint8)
