@@ -152,7 +152,8 @@ def _why(exc: OSError, path: str | os.PathLike, dir_fd: int | None = None) -> st
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         try:
             if stat.S_ISLNK(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                return "a symlink (never followed)"
+                target = "" if dir_fd is not None else f"; give its real path, {os.path.realpath(path)}"
+                return f"a symlink (never followed{target})"
         except OSError:
             pass
     return exc.strerror or str(exc)
