@@ -516,8 +516,7 @@ class DiskTier:
         """Write ``buf`` (with ``sid``'s version added to its header) to a fsync'd temp file next to its final
         place; the checksum is recomputed on the way, so a copy changed after publish is never written."""
         what = what or str(sid)
-        if header.metadata.get(META_POLICY) != sid.policy_id:
-            raise CorruptSnapshotError(f"{what}: buffer holds policy {header.metadata.get(META_POLICY)!r}")
+        check_identity(header, sid, None, f"{what} (while spilling)")  # never relabel another snapshot's bytes
         head = _versioned_head(buf, header, sid.version)
         total = len(head) + header.nbytes - header.data_offset
         compressed = self.compress and _worth_compressing(buf)

@@ -270,11 +270,15 @@ def test_a_spill_root_owned_by_another_user_or_a_symlink_is_refused(tmp_path):
     assert shared.root == tmp_path / "link"
 
 
-def test_the_writer_refuses_a_buffer_of_another_policy(tier):
+def test_the_writer_refuses_a_buffer_of_another_snapshot(tier):
     buf = packed("p")
-    with pytest.raises(CorruptSnapshotError, match="holds policy 'p'"):
+    with pytest.raises(CorruptSnapshotError, match="policy 'p', not 'q'"):
         tier.write_temp(SnapshotId("q", 1), buf, parse_header(buf, name="x"))
     assert not (tier.root / "q").exists() or not any((tier.root / "q").iterdir())
+    restored = tier.read(spill(tier, SnapshotId("p", 1), buf), "p@v1")  # a restored buffer records its version
+    with pytest.raises(CorruptSnapshotError, match="version '1', not 2"):
+        tier.write_temp(SnapshotId("p", 2), restored, parse_header(restored, name="x"))
+    assert same_data(tier.read(spill(tier, SnapshotId("p", 1), restored), "p@v1"), buf)  # its own place: fine
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
