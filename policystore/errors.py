@@ -61,3 +61,8 @@ class CatalogDatabaseError(PolicyStoreError):
 
 class InvalidOptionError(PolicyStoreError, TypeError):
     """An option of the wrong type or out of range (``durable="yes"``, a staging file outside the staging folder)."""
+
+
+class SnapshotFolderError(PolicyStoreError, OSError):
+    """A snapshot folder that cannot be used safely: missing, not a real folder (a symlink), or a private spill
+    folder owned by another user (who could then swap or read the snapshots)."""

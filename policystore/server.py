@@ -46,7 +46,7 @@ from .format import META_CREATED, META_POLICY, Header, parse_header, verify_buff
 from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
 from .protect import open_shared, shareable
-from .spill import DiskTier, SpillFile
+from .spill import DiskTier, Expected, SpillFile
 from .watch import Feed
 from .wire import (
     CatalogEntry,
@@ -91,6 +91,11 @@ def _summary(header: Header, durable: bool) -> Summary:
                    durable)
 
 
+def _head(buf: np.ndarray) -> bytes:
+    """The header bytes (length prefix + JSON) of a snapshot buffer, pushed to readers with its ref."""
+    return bytes(buf[: 8 + int.from_bytes(buf[:8].tobytes(), "little")])
+
+
 def check_durable(durable: object) -> bool:
     if not isinstance(durable, bool):
         raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
@@ -107,7 +112,7 @@ class StoreServer:
         spill_dir = config.resolved_spill_dir(session, node_id)
         self.disk = DiskTier(spill_dir, compress=config.compress, capacity_bytes=config.disk_capacity_bytes)
         durable_dir = config.resolved_durable_dir()
-        self.durable = DiskTier(durable_dir, compress=config.compress) if durable_dir else None
+        self.durable = DiskTier(durable_dir, compress=config.compress, private=False) if durable_dir else None
         capacity = config.hot_capacity_bytes or _node_object_store_bytes(node_id) // 2
         self.feed = Feed()
         self.hot = HotTier(capacity, self.feed)
@@ -118,7 +123,7 @@ class StoreServer:
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="policystore-spill")
         self._counters: Counter[str] = Counter()
-        for found in self.disk.scan():
+        for found in self.disk.scan().entries:
             self._policies.setdefault(found.id.policy_id, {})[found.id.version] = _Entry(found.header, found.file)
         # Tell the catalog what survived on disk, without blocking startup on another actor.
         self._reconciled = ThreadPoolExecutor(1).submit(self._reconcile)
@@ -133,11 +138,13 @@ class StoreServer:
         for sid in reconciled.discard:
             log.warning("discarding %s: never committed, aborted or deleted", sid)
             self.forget(*sid)
-        for sid, reason in reconciled.quarantine:  # never served, never deleted: the file stays where it is
+        for sid, reason in reconciled.quarantine:  # never served, never deleted: moved aside with the reason
             log.error("not serving %s: %s", sid, reason)
             with self._lock:
-                self._policies.get(sid.policy_id, {}).pop(sid.version, None)
+                entry = self._policies.get(sid.policy_id, {}).pop(sid.version, None)
                 self.hot.remove(sid)
+            if entry is not None and entry.file is not None:
+                self.disk.quarantine(entry.file, reason)
 
     # ---- push ----------------------------------------------------------------------------------------------
     def _follow_catalog(self) -> None:
@@ -258,9 +265,9 @@ class StoreServer:
         if durable:
             sid = SnapshotId(policy_id, ray.get(self.catalog.reserve.remote(policy_id, self.node_id)))
             try:
-                entry.file = self.disk.commit(self.disk.write_temp(policy_id, buf, header, str(sid)), sid)
+                entry.file = self.disk.commit(self.disk.write_temp(sid, buf, header), sid)
                 if self.durable is not None:
-                    self.durable.commit(self.durable.write_temp(policy_id, buf, header, str(sid)), sid)
+                    self.durable.commit(self.durable.write_temp(sid, buf, header), sid)
                 ref = ray.put(shareable(buf))  # the store's own copy: it must outlive the publisher
                 ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, True)))
             except BaseException:
@@ -277,7 +284,7 @@ class StoreServer:
             sid = ray.get(self.catalog.publish.remote(policy_id, self.node_id, _summary(header, False))).id
         with self._lock:
             self._policies.setdefault(policy_id, {})[sid.version] = entry
-            self.hot.add(sid, ref, header.nbytes, bytes(buf[: header.data_offset]))
+            self.hot.add(sid, ref, header.nbytes, _head(buf))
             self.feed.raise_latest(*sid)
             self._counters["publishes"] += 1
             if not durable:
@@ -289,9 +296,9 @@ class StoreServer:
         """Background write of a non-durable publish or a fetched copy; eviction waits for it."""
         buf = open_shared(ray.get(ref))
         try:
-            temp = self.disk.write_temp(sid.policy_id, buf, entry.header, str(sid))
+            temp = self.disk.write_temp(sid, buf, entry.header)
             if self.durable is not None and self.durable.find(sid) is None:
-                self.durable.commit(self.durable.write_temp(sid.policy_id, buf, entry.header, str(sid)), sid)
+                self.durable.commit(self.durable.write_temp(sid, buf, entry.header), sid)
                 self.catalog.hold.remote(sid.policy_id, sid.version, DURABLE)
         except CorruptSnapshotError as exc:
             log.error("%s", exc)
@@ -383,14 +390,14 @@ class StoreServer:
     def _restore(self, sid: SnapshotId, entry: _Entry) -> HotSnapshot:
         if entry.file is None:
             raise SnapshotLostError(f"{sid} is neither in memory nor on this node's disk ({entry.spill_error})")
-        try:
-            buf = self.disk.read(entry.file, str(sid))
+        expect = Expected(*sid, entry.header.checksum)  # checked against the catalog's at startup (reconcile)
+        try:  # the checksum runs while the copy into the object store does
+            hot = self.disk.restore(entry.file, str(sid), expect=expect,
+                                    put=lambda buf: HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))]))
         except CorruptSnapshotError:
             with self._lock:
                 self._counters["corrupt_reads"] += 1
             raise
-        hot = HotSnapshot(sid, bytes(buf[: entry.header.data_offset]), [ray.put(shareable(buf))])
-        del buf
         with self._lock:
             if self._policies.get(sid.policy_id, {}).get(sid.version) is entry:
                 self.hot.add(sid, hot.refs[0], entry.nbytes, hot.header)
@@ -413,7 +420,7 @@ class StoreServer:
                 problems.append(f"node {holder}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 buf = None
         if buf is None and self.durable is not None and (file := self.durable.find(sid)) is not None:
-            buf = self.durable.read(file, f"{sid} (durable tier)")
+            buf = self.durable.read(file, f"{sid} (durable tier)", expect=Expected(*sid, info.summary.checksum))
         if buf is None:
             raise SnapshotLostError(
                 f"{sid} is in the catalog but no live copy could be fetched "
@@ -423,7 +430,7 @@ class StoreServer:
         if header.checksum != info.summary.checksum:
             raise CorruptSnapshotError(f"{sid}: fetched checksum {header.checksum} != catalog {info.summary.checksum}")
         # this node's own copy: it does not depend on the source node staying alive
-        hot = HotSnapshot(sid, bytes(buf[: header.data_offset]), [ray.put(shareable(buf))])
+        hot = HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))])
         del buf
         entry = _Entry(header)
         with self._lock:
@@ -471,6 +478,7 @@ class StoreServer:
                 snapshots=len(entries),
                 pending_spills=sum(e.pending is not None for e in entries),
                 watchers=self.feed.watchers,
+                quarantined=tuple(self.disk.quarantined()),
                 **{k: self._counters[k] for k in (
                     "hits", "misses", "evictions", "restores", "fetches", "publishes", "spill_errors", "corrupt_reads"
                 )},
@@ -528,10 +536,12 @@ class StoreServer:
         checks = []
         if hot is not None:
             checks.append(("hot", lambda: open_shared(ray.get(hot.refs[0])), f"{sid} (shared-memory copy)"))
+        expect = Expected(*sid, info.summary.checksum)
         if file is not None:
-            checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)"), None))
+            checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)", expect=expect), None))
         if self.durable is not None and (durable_file := self.durable.find(sid)) is not None:
-            checks.append(("durable", lambda: self.durable.read(durable_file, f"{sid} (durable copy)"), None))
+            checks.append(("durable", lambda: self.durable.read(durable_file, f"{sid} (durable copy)", expect=expect),
+                           None))
         for name, load, what in checks:
             try:
                 buf = load()
