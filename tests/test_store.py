@@ -170,6 +170,7 @@ def test_workers_on_a_node_share_one_copy(make_store, readers):
     k, one_copy = 8, 8 * 4 * MiB
     ray.get(readers[0].publish_nets.remote(k))
     assert store.stats()["hot_bytes"] >= one_copy
+    ray.get([r.store_actor_id.remote() for r in readers])  # every worker connected (imports are not snapshots)
     published = session_pss_bytes()
     results = ray.get([r.load.remote(k, private=False) for r in readers])
     assert len(set(results)) == 1  # every worker computes with the same weights
@@ -489,7 +490,7 @@ def test_running_out_of_space_mid_write_leaves_no_partial_file(tiny_disk):
     disk = DiskTier(tiny_disk, compress=False)
     buf = pack(weights_of_mib(4), policy_id="big")
     with pytest.raises(DiskFullError, match="disk full while spilling big"):
-        disk.write_temp("big", buf, parse_header(buf, name="big"), "big")
+        disk.write_temp(policystore.SnapshotId("big", 1), buf, parse_header(buf, name="big"), "big")
     assert list((tiny_disk / "big").iterdir()) == []
 
 
