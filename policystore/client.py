@@ -11,7 +11,6 @@ cluster: a new ``ray.init()`` starts from nothing, even while handles from the o
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import mmap
 import os
@@ -49,7 +48,6 @@ log = logging.getLogger(__name__)
 RETRY_TIMEOUT_S = 60.0
 _RESTARTING = (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError)
 _OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, ray.exceptions.ObjectFetchTimedOutError)
-_PACK_ALLOCATES = "alloc" in inspect.signature(pack).parameters  # packs straight into a staging file
 
 
 @functools.cache
@@ -316,18 +314,27 @@ class PolicyStore:
         check_policy_id(policy_id)
         check_durable(durable)
         session = self._live()
-        staging = _Staging.open() if self._local and _PACK_ALLOCATES else None
+        staging = _Staging.open() if self._local else None
+        packed = None
         if staging is not None:
             try:
-                self._check_size(policy_id, len(pack(weights, policy_id=policy_id, meta=meta, alloc=staging.alloc)))
+                packed = len(pack(weights, policy_id=policy_id, meta=meta, alloc=staging.alloc))
                 staging.unmap()
-                sid = self._call(StoreServer.publish_staged, policy_id, str(staging.path), durable, idempotent=False)
-            finally:
+            except OSError as exc:  # /dev/shm full: the snapshot travels by value instead
+                log.warning("policystore: staging in %s failed (%s); publishing by value", staging.path, exc)
                 staging.discard()
-        else:
-            buf = pack(weights, policy_id=policy_id, meta=meta)
-            self._check_size(policy_id, len(buf))
-            sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
+                staging = None
+        try:
+            if staging is not None:
+                self._check_size(policy_id, packed)
+                sid = self._call(StoreServer.publish_staged, policy_id, str(staging.path), durable, idempotent=False)
+            else:
+                buf = pack(weights, policy_id=policy_id, meta=meta)
+                self._check_size(policy_id, len(buf))
+                sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
+        finally:
+            if staging is not None:
+                staging.discard()
         if sid.version <= session.seen.get(policy_id, 0):  # versions never repeat within one catalog
             session.renumbered()
         session.saw(sid)
@@ -527,10 +534,13 @@ class _Staging:
             pass
 
     def discard(self) -> None:
-        os.close(self._fd)
+        """Close and remove the file (the store removes it when it takes it; either may come first)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         try:
             os.unlink(self.path)
-        except FileNotFoundError:  # the store took it
+        except FileNotFoundError:
             pass
 
 

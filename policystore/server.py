@@ -96,6 +96,25 @@ def _head(buf: np.ndarray) -> bytes:
     return bytes(buf[: 8 + int.from_bytes(buf[:8].tobytes(), "little")])
 
 
+def _remove_orphans(folder: Path) -> None:
+    """Staging files of publishers that died before handing them over (named ``<pid>-<random>``)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = name.partition("-")[0]
+        try:
+            os.kill(int(pid), 0)
+            continue  # a live process: maybe publishing right now
+        except ProcessLookupError:
+            pass
+        except (ValueError, OSError):
+            continue  # not ours, or not ours to judge
+        log.info("removing staging file %s of a publisher that is gone", name)
+        (folder / name).unlink(missing_ok=True)
+
+
 def check_durable(durable: object) -> bool:
     if not isinstance(durable, bool):
         raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
@@ -118,6 +137,7 @@ class StoreServer:
         self.hot = HotTier(capacity, self.feed)
         self.catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
         self._staging = staging_dir()
+        _remove_orphans(self._staging)
         self._lock = threading.Lock()
         self._policies: dict[str, dict[int, _Entry]] = {}  # this node's copies, versions in increasing order
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot

@@ -237,3 +237,20 @@ def test_a_new_ray_session_never_reuses_the_old_sessions_state():
         shutil.rmtree(short, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["EMPTY", "NEW", "1", "0.0"], done.stdout
+
+
+def test_a_store_removes_staging_files_their_publishers_left_behind(make_store):
+    folder = policystore.config.staging_dir()
+    folder.mkdir(mode=0o700, exist_ok=True)
+    orphan = folder / "999999999-left-by-a-killed-publisher"  # no such process
+    live = folder / f"{os.getpid()}-being-packed"  # this process: maybe publishing right now
+    orphan.write_bytes(b"x" * 4096)
+    live.write_bytes(b"x")
+    try:
+        store = make_store()
+        assert not orphan.exists() and live.exists()
+        store.publish("p", net().state_dict())  # and its own staging file is gone once published
+        assert [p for p in folder.iterdir() if p.name.startswith(f"{os.getpid()}-")] == [live]
+    finally:
+        live.unlink(missing_ok=True)
+        orphan.unlink(missing_ok=True)
