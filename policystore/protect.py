@@ -59,6 +59,12 @@ def shareable(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.zeros(PAD_BYTES, dtype=np.uint8), buf, np.zeros(PAD_BYTES, dtype=np.uint8)
 
 
+def unwrap(obj: Any) -> np.ndarray:
+    """The snapshot bytes in ``obj`` (what ``ray.get`` returned for ``shareable(buf)``, or a plain buffer), without
+    protecting anything: for processes that only checksum, copy or write the bytes elsewhere (the store itself)."""
+    return obj[1] if isinstance(obj, (tuple, list)) and len(obj) == 3 else obj
+
+
 def open_shared(obj: Any) -> np.ndarray:
     """A read-only array of the snapshot bytes in ``obj`` (what ``ray.get`` returned for ``shareable(buf)``, or a
     plain buffer) whose pages are write-protected in this process for as long as the array or any view of it lives.
@@ -66,8 +72,8 @@ def open_shared(obj: Any) -> np.ndarray:
     Only pages wholly inside the object are protected: with the pads that is all of the snapshot; for a plain
     buffer (or a layout that does not check out, which is logged) the partial first and last pages stay writable.
     """
-    padded = isinstance(obj, (tuple, list)) and len(obj) == 3
-    buf = obj[1] if padded else obj
+    buf = unwrap(obj)
+    padded = buf is not obj
     if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.flags.c_contiguous):
         raise TypeError(f"open_shared takes a 1-D uint8 snapshot buffer, got {type(buf).__name__}")
     lo, hi = _page_range(buf, obj[0], obj[2]) if padded else _inner_pages(buf)
