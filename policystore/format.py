@@ -220,17 +220,18 @@ def _part(name: str, value: object) -> _Part:
 
 
 def _copy_into(dest: np.ndarray, part: _Part) -> None:
-    """One copy of the part's bytes into ``dest`` (its exact slot), from any device, contiguous or not."""
+    """The part's bytes into ``dest`` (its exact slot): one copy from a contiguous host tensor or array."""
     if part.nbytes == 0:
         return
     if isinstance(part.value, np.ndarray):
         dest.view(part.value.dtype).reshape(part.shape)[...] = part.value
         return
+    src = part.value.detach().resolve_neg()
+    if src.device.type != "cpu" or not src.is_contiguous():
+        src = src.to("cpu").contiguous()  # a GPU or strided tensor: staged once on the host
     import torch
 
-    target = torch.from_numpy(dest).view(torch_dtype(part.code)).view(part.shape)
-    with torch.no_grad():
-        target.copy_(part.value.detach())
+    dest[...] = src.reshape(-1).view(torch.uint8).numpy()  # numpy's memcpy: torch's threaded copy_ costs more here
 
 
 def _default_alloc(nbytes: int) -> np.ndarray:

@@ -320,3 +320,19 @@ def crafted(entries: dict, data: bytes, metadata: dict | None = None, pad_to: in
 def test_crafted_headers_are_corrupt_not_crashes(buf, match):
     with pytest.raises(CorruptSnapshotError, match=match):
         fmt.verify_buffer(buf, name="p")
+
+
+def test_shared_views_strided_and_negative_view_tensors_pack_exactly():
+    weights = mixed_weights()
+    buf = fmt.pack(weights, policy_id="p")
+    buf.flags.writeable = False
+    views = tensor_views(buf, fmt.verify_buffer(buf, name="p"), "p@v1")
+    again = fmt.pack(views, policy_id="p")  # republishing what a reader holds
+    for name, tensor in tensor_views(again, fmt.verify_buffer(again, name="p"), "p@v2").items():
+        assert same_bits(tensor, weights[name]), name
+    base = torch.randn(4, 6)
+    odd = {"strided": base[:, ::2], "neg": torch._neg_view(base), "t": base.t()}
+    packed = fmt.pack(odd, policy_id="p")
+    out = tensor_views(packed, fmt.verify_buffer(packed, name="p"), "p")
+    for name, tensor in odd.items():
+        assert torch.equal(out[name], tensor), name
