@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import InvalidWeightsError, ReadOnlyWeightsError, ShapeMismatchError
 from .format import Header
@@ -217,8 +217,9 @@ class _Skeleton:
     expected: dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
-# build callable (or a bound method's object) -> {function or None: skeleton}
-_SKELETONS: weakref.WeakKeyDictionary[Any, dict[Any, _Skeleton]] = weakref.WeakKeyDictionary()
+# build callable (or a bound method's object), by identity: unhashable builders (dataclass specs) are cached too
+# -> {function or None: skeleton}
+_SKELETONS = WeakIdKeyDictionary()
 
 
 def _skeleton(build: Callable[[], nn.Module], *, fresh: bool = False) -> _Skeleton:

@@ -280,3 +280,22 @@ def test_importing_views_installs_no_warning_filter_and_views_warn_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tensor_views(buf, fmt.parse_header(buf, name="p"), "p@v1")
+
+
+def test_an_unhashable_build_object_is_cached_by_identity():
+    from dataclasses import dataclass
+
+    @dataclass  # eq=True without frozen: instances are unhashable, like many spec objects
+    class Spec:
+        hidden: int
+        calls: int = 0
+
+        def build(self) -> nn.Module:
+            self.calls += 1
+            return nn.Linear(4, self.hidden)
+
+    spec = Spec(8)
+    views, _ = shared_views(nn.Linear(4, 8))
+    for _ in range(3):
+        build_on_views(spec.build, views, "p@v1")
+    assert spec.calls == 1
