@@ -47,6 +47,7 @@ _libc.mprotect.restype = ctypes.c_int
 
 _lock = threading.Lock()
 _protected: dict[tuple[int, int], int] = {}  # page range -> number of open arrays over it, in this process
+_deferred: list[tuple[int, int, Any]] = []  # releases waiting for the lock (see _release)
 _announced = False
 
 
@@ -137,6 +138,7 @@ def _acquire(lo: int, hi: int) -> bool:
         if count == 0 and not _mprotect(lo, hi, _PROT_READ):
             return False
         _protected[(lo, hi)] = count + 1
+        _drain()
         if not _announced:
             _announced = True
             if not faulthandler.is_enabled():
@@ -149,9 +151,24 @@ def _acquire(lo: int, hi: int) -> bool:
         return True
 
 
-def _release(lo: int, hi: int, _obj: Any) -> None:
-    """The last array over [lo, hi) is gone: make the pages writable before ``_obj`` (the buffer) is dropped."""
-    with _lock:
+def _release(lo: int, hi: int, obj: Any) -> None:
+    """The last array over [lo, hi) is gone: make the pages writable, then let ``obj`` (the buffer) go.
+
+    A finaliser can run inside any allocation, also while this thread holds the lock: then the release waits in
+    ``_deferred`` (keeping ``obj`` alive) and the lock's holder completes it, or the next acquire or release does.
+    """
+    _deferred.append((lo, hi, obj))
+    if _lock.acquire(blocking=False):
+        try:
+            _drain()
+        finally:
+            _lock.release()
+
+
+def _drain() -> None:
+    """Complete every deferred release (called with the lock held)."""
+    while _deferred:
+        lo, hi, _obj = _deferred.pop()
         count = _protected.pop((lo, hi))
         if count > 1:
             _protected[(lo, hi)] = count - 1
@@ -162,4 +179,5 @@ def _release(lo: int, hi: int, _obj: Any) -> None:
 def protected_ranges() -> int:
     """How many page ranges this process holds write-protected (for stats and tests)."""
     with _lock:
+        _drain()
         return len(_protected)
