@@ -263,7 +263,6 @@ def _make_skeleton(build: Callable[[], nn.Module]) -> _Skeleton:
         )
     state = module.state_dict(keep_vars=True)
     expected = {k: (tuple(t.shape), t.dtype) for k, t in state.items()}
-    module.eval()
     by_path = {k: slots[k] for k in state} if state.keys() == slots.keys() else None
     containers = [[k for k, v in vars(sub).items() if isinstance(v, (dict, list, set))] for sub in modules]
     own_setattr = [type(sub).__setattr__ is not nn.Module.__setattr__ for sub in modules]
@@ -271,14 +270,15 @@ def _make_skeleton(build: Callable[[], nn.Module]) -> _Skeleton:
 
 
 def _clone(skeleton: _Skeleton) -> list[nn.Module]:
-    """New module objects sharing no mutable state with the skeleton or other clones (shallow copies of each
-    submodule's attributes, with fresh dicts, lists and sets); tensors are assigned afterwards."""
+    """New module objects in eval mode sharing no mutable state with the skeleton or other clones (shallow copies
+    of each submodule's attributes, with fresh dicts, lists and sets); tensors are assigned afterwards."""
     clones = []
     for sub, containers in zip(skeleton.modules, skeleton.containers, strict=True):
         new = object.__new__(type(sub))
         state = sub.__dict__.copy()
         for key in containers:
             state[key] = state[key].copy()
+        state["training"] = False  # eval mode, without touching what build() returned
         object.__setattr__(new, "__dict__", state)
         clones.append(new)
     by_id = {id(sub): new for sub, new in zip(skeleton.modules, clones, strict=True)}
@@ -302,7 +302,8 @@ def build_on_views(build: Callable[[], nn.Module], views: dict[str, SharedTensor
 
     ``build()`` runs once per callable, on the meta device (no parameter memory): later calls with the same
     callable clone that skeleton, which costs microseconds, so pass the same ``build`` each time and let it return
-    the same architecture. A snapshot that does not fit raises ShapeMismatchError naming the tensors.
+    the same architecture. Modules built on the same snapshot in a process share its Parameter objects. A snapshot
+    that does not fit raises ShapeMismatchError naming the tensors.
     """
     skeleton = _skeleton(build)
     problems = _misfit(skeleton, views)

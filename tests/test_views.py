@@ -299,3 +299,12 @@ def test_an_unhashable_build_object_is_cached_by_identity():
     for _ in range(3):
         build_on_views(spec.build, views, "p@v1")
     assert spec.calls == 1
+
+
+def test_a_build_returning_an_existing_module_leaves_it_untouched():
+    mine = make_net().train()
+    weight = mine[0].weight
+    views, _ = shared_views(make_net())
+    module = build_on_views(lambda: mine, views, "p@v1")
+    assert mine.training and mine[0].weight is weight and not module.training
+    assert isinstance(module[0].weight, SharedTensor)
