@@ -129,8 +129,9 @@ def _torch_code(dtype: Any) -> str | None:
     return _TORCH_CODES.get(dtype)
 
 
-def _check_meta(meta: Mapping[str, Any] | None) -> str:
-    """The user's meta as canonical JSON, or InvalidWeightsError naming what would not round-trip exactly."""
+def check_meta(meta: Mapping[str, Any] | None) -> str:
+    """The user's meta as canonical JSON, or InvalidWeightsError naming what would not round-trip exactly (or is
+    nested deeper than MAX_META_DEPTH, or longer than MAX_META_BYTES as JSON). Iterative: any depth is safe."""
     if meta is None:
         return "{}"
     if not isinstance(meta, Mapping):
@@ -255,7 +256,7 @@ def pack(
         raise InvalidWeightsError(f"weights must be a mapping of names to tensors, got {type(weights).__name__}")
     if not weights:
         raise InvalidWeightsError("weights is empty: a snapshot needs at least one tensor")
-    user_meta = _check_meta(meta)
+    user_meta = check_meta(meta)
     parts = []
     for name, value in weights.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
