@@ -129,8 +129,9 @@ def _torch_code(dtype: Any) -> str | None:
     return _TORCH_CODES.get(dtype)
 
 
-def _check_meta(meta: Mapping[str, Any] | None) -> str:
-    """The user's meta as canonical JSON, or InvalidWeightsError naming what would not round-trip exactly."""
+def check_meta(meta: Mapping[str, Any] | None) -> str:
+    """The user's meta as canonical JSON, or InvalidWeightsError naming what would not round-trip exactly (or is
+    nested deeper than MAX_META_DEPTH, or longer than MAX_META_BYTES as JSON). Iterative: any depth is safe."""
     if meta is None:
         return "{}"
     if not isinstance(meta, Mapping):
@@ -220,17 +221,18 @@ def _part(name: str, value: object) -> _Part:
 
 
 def _copy_into(dest: np.ndarray, part: _Part) -> None:
-    """One copy of the part's bytes into ``dest`` (its exact slot), from any device, contiguous or not."""
+    """The part's bytes into ``dest`` (its exact slot): one copy from a contiguous host tensor or array."""
     if part.nbytes == 0:
         return
     if isinstance(part.value, np.ndarray):
         dest.view(part.value.dtype).reshape(part.shape)[...] = part.value
         return
+    src = part.value.detach().resolve_neg()
+    if src.device.type != "cpu" or not src.is_contiguous():
+        src = src.to("cpu").contiguous()  # a GPU or strided tensor: staged once on the host
     import torch
 
-    target = torch.from_numpy(dest).view(torch_dtype(part.code)).view(part.shape)
-    with torch.no_grad():
-        target.copy_(part.value.detach())
+    dest[...] = src.reshape(-1).view(torch.uint8).numpy()  # numpy's memcpy: torch's threaded copy_ costs more here
 
 
 def _default_alloc(nbytes: int) -> np.ndarray:
@@ -254,7 +256,7 @@ def pack(
         raise InvalidWeightsError(f"weights must be a mapping of names to tensors, got {type(weights).__name__}")
     if not weights:
         raise InvalidWeightsError("weights is empty: a snapshot needs at least one tensor")
-    user_meta = _check_meta(meta)
+    user_meta = check_meta(meta)
     parts = []
     for name, value in weights.items():
         if not isinstance(name, str) or not name or name == "__metadata__":

@@ -47,6 +47,7 @@ _libc.mprotect.restype = ctypes.c_int
 
 _lock = threading.Lock()
 _protected: dict[tuple[int, int], int] = {}  # page range -> number of open arrays over it, in this process
+_deferred: list[tuple[int, int, Any]] = []  # releases waiting for the lock (see _release)
 _announced = False
 
 
@@ -59,6 +60,12 @@ def shareable(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.zeros(PAD_BYTES, dtype=np.uint8), buf, np.zeros(PAD_BYTES, dtype=np.uint8)
 
 
+def unwrap(obj: Any) -> np.ndarray:
+    """The snapshot bytes in ``obj`` (what ``ray.get`` returned for ``shareable(buf)``, or a plain buffer), without
+    protecting anything: for processes that only checksum, copy or write the bytes elsewhere (the store itself)."""
+    return obj[1] if isinstance(obj, (tuple, list)) and len(obj) == 3 else obj
+
+
 def open_shared(obj: Any) -> np.ndarray:
     """A read-only array of the snapshot bytes in ``obj`` (what ``ray.get`` returned for ``shareable(buf)``, or a
     plain buffer) whose pages are write-protected in this process for as long as the array or any view of it lives.
@@ -66,8 +73,8 @@ def open_shared(obj: Any) -> np.ndarray:
     Only pages wholly inside the object are protected: with the pads that is all of the snapshot; for a plain
     buffer (or a layout that does not check out, which is logged) the partial first and last pages stay writable.
     """
-    padded = isinstance(obj, (tuple, list)) and len(obj) == 3
-    buf = obj[1] if padded else obj
+    buf = unwrap(obj)
+    padded = buf is not obj
     if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.flags.c_contiguous):
         raise TypeError(f"open_shared takes a 1-D uint8 snapshot buffer, got {type(buf).__name__}")
     lo, hi = _page_range(buf, obj[0], obj[2]) if padded else _inner_pages(buf)
@@ -131,6 +138,7 @@ def _acquire(lo: int, hi: int) -> bool:
         if count == 0 and not _mprotect(lo, hi, _PROT_READ):
             return False
         _protected[(lo, hi)] = count + 1
+        _drain()
         if not _announced:
             _announced = True
             if not faulthandler.is_enabled():
@@ -143,9 +151,24 @@ def _acquire(lo: int, hi: int) -> bool:
         return True
 
 
-def _release(lo: int, hi: int, _obj: Any) -> None:
-    """The last array over [lo, hi) is gone: make the pages writable before ``_obj`` (the buffer) is dropped."""
-    with _lock:
+def _release(lo: int, hi: int, obj: Any) -> None:
+    """The last array over [lo, hi) is gone: make the pages writable, then let ``obj`` (the buffer) go.
+
+    A finaliser can run inside any allocation, also while this thread holds the lock: then the release waits in
+    ``_deferred`` (keeping ``obj`` alive) and the lock's holder completes it, or the next acquire or release does.
+    """
+    _deferred.append((lo, hi, obj))
+    if _lock.acquire(blocking=False):
+        try:
+            _drain()
+        finally:
+            _lock.release()
+
+
+def _drain() -> None:
+    """Complete every deferred release (called with the lock held)."""
+    while _deferred:
+        lo, hi, _obj = _deferred.pop()
         count = _protected.pop((lo, hi))
         if count > 1:
             _protected[(lo, hi)] = count - 1
@@ -156,4 +179,5 @@ def _release(lo: int, hi: int, _obj: Any) -> None:
 def protected_ranges() -> int:
     """How many page ranges this process holds write-protected (for stats and tests)."""
     with _lock:
+        _drain()
         return len(_protected)

@@ -17,9 +17,10 @@ from policystore import format as fmt
 from policystore.errors import CorruptSnapshotError, InvalidWeightsError, PolicyStoreError
 from policystore.views import tensor_views
 
-DTYPES = [
+DTYPES = [  # all 15 safetensors dtypes
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
-    torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32,
+    torch.uint64,
 ]
 
 
@@ -214,3 +215,124 @@ def test_format_imports_and_parses_without_torch():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+NUMPY_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+                np.float16, np.float32, np.float64]
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 3, 1)], ids=str)
+def test_numpy_arrays_round_trip_exactly_with_their_shape(shape):
+    rng = np.random.default_rng(0)
+    arrays = {str(np.dtype(d)): rng.integers(0, 2, size=shape).astype(d) for d in NUMPY_DTYPES}
+    buf = fmt.pack(arrays, policy_id="p")
+    header = fmt.verify_buffer(buf, name="p")
+    for name, arr in arrays.items():
+        entry = header.tensors[name]
+        assert entry.shape == shape
+        back = buf[header.data_offset + entry.start : header.data_offset + entry.end].view(entry.numpy_dtype)
+        assert back.reshape(shape).dtype == arr.dtype and np.array_equal(back.reshape(shape), arr), name
+    views = tensor_views(buf, header, "p")
+    assert views["float32"].shape == shape  # a 0-d array stays 0-d, not (1,)
+
+
+class Unpicklable:
+    pass
+
+
+def deep(levels: int) -> dict:
+    meta: dict = {}
+    for _ in range(levels - 1):
+        meta = {"a": meta}
+    return meta
+
+
+@pytest.mark.parametrize(
+    "weights, meta, match",
+    [
+        ({"w": np.arange(4, dtype=">f4")}, None, "byte order"),
+        ({"w": torch.empty(3, device="meta")}, None, "meta device"),
+        ({"w": torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)}, None, "nested"),
+        ({"w": np.ma.masked_array([1.0, 2.0], mask=[0, 1])}, None, "plain numpy"),
+        ({"w": np.zeros(2, dtype=np.complex64)}, None, "not supported"),
+        ({"w": torch.zeros(2)}, {1: "a"}, "key 1 of type int"),
+        ({"w": torch.zeros(2)}, {"a": {2: "b"}}, "key 2 of type int"),
+        ({"w": torch.zeros(2)}, {"a": (1, 2)}, "tuple"),
+        ({"w": torch.zeros(2)}, {"a": {1, 2}}, "set"),
+        ({"w": torch.zeros(2)}, {"a": b"x"}, "bytes"),
+        ({"w": torch.zeros(2)}, {"a": np.float32(1.0)}, "float32"),
+        ({"w": torch.zeros(2)}, {"a": float("nan")}, "NaN"),
+        ({"w": torch.zeros(2)}, {"a": Unpicklable()}, "Unpicklable"),
+        ({"w": torch.zeros(2)}, deep(17), "deeper than 16"),
+        ({"w": torch.zeros(2)}, deep(100_000), "deeper than 16"),
+        ({"w": torch.zeros(2)}, {"a": "x" * 70_000}, "65536-byte limit"),
+        ({"w": torch.zeros(2)}, [("a", 1)], "mapping"),
+    ],
+    ids=["byte-order", "meta-device", "nested", "masked", "complex", "int-key", "nested-int-key", "tuple", "set",
+         "bytes", "numpy-scalar", "nan", "object", "depth-17", "depth-100k", "size", "meta-not-mapping"],
+)
+def test_bad_input_is_refused_by_name_before_anything_is_allocated(weights, meta, match):
+    calls = []
+    with pytest.raises(InvalidWeightsError, match=match):
+        fmt.pack(weights, policy_id="p", meta=meta, alloc=lambda n: calls.append(n) or np.empty(n, np.uint8))
+    assert calls == []
+
+
+def test_meta_round_trips_exactly_at_the_limits():
+    meta = {"nested": deep(15), "list": [1, 2.5, None, True, "s", [{"k": []}]], "big": 10**30, "u": "é☃"}
+    buf = fmt.pack({"w": torch.zeros(1)}, policy_id="p", meta=meta)
+    assert fmt.verify_buffer(buf, name="p").user_meta == meta
+
+
+def crafted(entries: dict, data: bytes, metadata: dict | None = None, pad_to: int = 8) -> np.ndarray:
+    header = dict(entries)
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text = text.ljust(len(text) + (-(8 + len(text)) % pad_to), b" ")
+    return np.frombuffer(len(text).to_bytes(8, "little") + text + data, np.uint8)
+
+
+@pytest.mark.parametrize(
+    "buf, match",
+    [
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0.0, 8.0]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [False, 8]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, -8]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12)), "overlap"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)), "overlap"),
+        (crafted({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [10**12], "data_offsets": [0, 8]}}, bytes(8)), "do not match"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8),
+                 {fmt.META_USER: "[" * 100_000}), "meta is not a JSON object"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8), {"k": 1}), "strings"),
+        (np.frombuffer(b"\x10\x00\x00\x00\x00\x00\x00\x00" + b'{"a":1, "a":2}  ', np.uint8), "duplicate"),
+        (np.frombuffer(b"\x10\x00\x00\x00\x00\x00\x00\x00" + b"[" * 16, np.uint8), "not valid JSON"),
+        (np.frombuffer((2**63).to_bytes(8, "little") + b"{}", np.uint8), "header length"),
+        (np.frombuffer(b"\x05\x00\x00\x00\x00\x00\x00\x00" + b"{}   ", np.uint8), "aligned"),
+    ],
+    ids=["float-offsets", "bool-offset", "float-shape", "negative", "overlap", "same-range", "dtype", "huge-shape",
+         "deep-meta", "non-str-meta", "duplicate-keys", "deep-header", "huge-length", "unaligned"],
+)
+def test_crafted_headers_are_corrupt_not_crashes(buf, match):
+    with pytest.raises(CorruptSnapshotError, match=match):
+        fmt.verify_buffer(buf, name="p")
+
+
+def test_shared_views_strided_and_negative_view_tensors_pack_exactly():
+    weights = mixed_weights()
+    buf = fmt.pack(weights, policy_id="p")
+    buf.flags.writeable = False
+    views = tensor_views(buf, fmt.verify_buffer(buf, name="p"), "p@v1")
+    again = fmt.pack(views, policy_id="p")  # republishing what a reader holds
+    for name, tensor in tensor_views(again, fmt.verify_buffer(again, name="p"), "p@v2").items():
+        assert same_bits(tensor, weights[name]), name
+    base = torch.randn(4, 6)
+    odd = {"strided": base[:, ::2], "neg": torch._neg_view(base), "t": base.t()}
+    packed = fmt.pack(odd, policy_id="p")
+    out = tensor_views(packed, fmt.verify_buffer(packed, name="p"), "p")
+    for name, tensor in odd.items():
+        assert torch.equal(out[name], tensor), name

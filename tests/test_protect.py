@@ -167,3 +167,23 @@ def test_a_plain_buffer_protects_only_the_pages_wholly_inside_it():
     assert page_perms(arr.ctypes.data).startswith("rw")  # the partial first page is shared with other memory
     del arr
     assert page_perms(inner).startswith("rw")
+
+
+def test_unwrap_gives_the_snapshot_bytes_without_protecting_them():
+    buf = np.arange(10, dtype=np.uint8)
+    padded = protect.shareable(buf)
+    assert protect.unwrap(padded) is buf and protect.unwrap(buf) is buf
+    assert padded[0] is not padded[2] and padded[0].nbytes == padded[2].nbytes == protect.PAD_BYTES
+    assert protect.protected_ranges() == 0
+
+
+def test_a_release_while_the_lock_is_held_waits_and_never_deadlocks():
+    """A finaliser can fire inside an allocation made while this thread holds the lock (the GC runs anywhere)."""
+    buf = np.ones(6 * protect.PAGE, np.uint8)
+    arr = protect.open_shared(buf)
+    inner = -(-arr.ctypes.data // protect.PAGE) * protect.PAGE
+    with protect._lock:
+        del arr  # the finaliser runs now, on this thread, with the lock held
+        assert page_perms(inner).startswith("r--")  # still protected: the buffer is still held
+    assert protect.protected_ranges() == 0
+    assert page_perms(inner).startswith("rw")
