@@ -224,18 +224,21 @@ class CatalogServer:
         Committed versions the node no longer reports lose it as a holder.
         """
         _check_node(node_id)
-        reports = []
+        reports, discard, quarantine, kept = [], [], [], set()
         for sid, what in held:
             sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
             summary = what if isinstance(what, Summary) else Summary(0, what, {}, 0.0, False)
-            reports.append((sid, summary, _check_summary(summary)))
-        discard, quarantine = [], []
+            try:
+                reports.append((sid, summary, _check_summary(summary)))
+            except InvalidWeightsError as exc:  # one bad file must not stop the store from taking the others
+                quarantine.append((sid, str(exc)))
         with self._write(durable=True) as db:
             for sid, summary, meta in reports:
                 row = db.execute("SELECT state, node, checksum FROM snapshots WHERE pid = ? AND version = ?",
                                  sid).fetchone()
                 if row is None:
                     self._adopt_one(db, sid, node_id, summary, meta)
+                    kept.add(sid)
                 elif row[0] == RESERVED and row[1] == node_id:
                     db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ?", (ABORTED, *sid))
                     discard.append(sid)
@@ -249,9 +252,9 @@ class CatalogServer:
                     quarantine.append((sid, f"checksum {summary.checksum} differs from the catalog's {row[2]}"))
                 else:
                     self._add_holder(db, sid, node_id)
-            reported = {sid for sid, _, _ in reports}
+                    kept.add(sid)
             gone = [(pid, v) for pid, v in db.execute("SELECT pid, version FROM holders WHERE node = ?", (node_id,))
-                    if (pid, v) not in reported]
+                    if (pid, v) not in kept]
             db.executemany("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?",
                            [(pid, v, node_id) for pid, v in gone])
         return Reconciled(tuple(discard), tuple(quarantine))
@@ -264,11 +267,13 @@ class CatalogServer:
         or aborted, or that conflict with it, are skipped and said why (the durable tier is never trusted over
         the catalog's own record).
         """
-        checked = []
+        checked, added, held, skipped = [], [], [], []
         for sid, summary in entries:
             sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
-            checked.append((sid, summary, _check_summary(summary)))
-        added, held, skipped = [], [], []
+            try:
+                checked.append((sid, summary, _check_summary(summary)))
+            except InvalidWeightsError as exc:
+                skipped.append(f"{sid}: {exc}")
         with self._write(durable=True) as db:
             for sid, summary, meta in checked:
                 row = db.execute("SELECT state, checksum FROM snapshots WHERE pid = ? AND version = ?",
@@ -350,8 +355,9 @@ class CatalogServer:
         ``timeout_s`` (at most 60 s), whichever is first. A long poll; pass the last answer's ``seq`` (and
         ``epoch``) back in.
 
-        ``reset=True`` (with ``latest`` for every policy, to replace what the watcher knew) when ``since`` is 0,
-        older than the kept event log, newer than any event (the watcher knew a database that is gone), or the
+        ``reset=True`` (with ``latest`` for every policy, to replace what the watcher knew) when ``since`` is 0
+        (a watcher that knows nothing; unless it passes this epoch: it saw the catalog empty), older than the kept
+        event log, newer than any event (the watcher knew a database that is gone), or the
         ``epoch`` differs from the catalog's.
         """
         if isinstance(since, bool) or not isinstance(since, int) or since < 0:
@@ -361,7 +367,8 @@ class CatalogServer:
         deadline = time.monotonic() + min(float(timeout_s), MAX_WATCH_S)
         with self._changed:
             while True:
-                if since == 0 or since < self._pruned or since > self._seq or epoch not in (None, self._epoch):
+                behind = since < self._pruned or (since == 0 and self._seq > 0 and epoch != self._epoch)
+                if behind or since > self._seq or epoch not in (None, self._epoch):
                     return self._reset()
                 if since < self._seq:
                     return self._events_after(since)
