@@ -281,6 +281,24 @@ def test_watch_returns_events_after_since_and_resets_when_asked_from_zero(open_c
     assert catalog.watch(0, 0).latest == {"a": 2}
 
 
+def test_a_burst_of_events_comes_in_batches_and_bad_arguments_are_refused(open_catalog, monkeypatch):
+    monkeypatch.setattr("policystore.catalog.MAX_EVENTS", 4)
+    catalog = open_catalog()
+    epoch = catalog.watch(0, 0).epoch
+    for _ in range(10):
+        catalog.publish("a", "n1", summary())
+    seen, since = [], 0
+    while since < 10:
+        answer = catalog.watch(since, 0, epoch)
+        assert not answer.reset and len(answer.committed) <= 4 and answer.latest == {"a": 10}
+        seen += [e.version for e in answer.committed]
+        since = answer.seq
+    assert seen == list(range(1, 11))
+    for since, timeout in ((-1, 0), (True, 0), ("3", 0), (0, -1.0), (0, float("nan")), (0, "1")):
+        with pytest.raises(PolicyStoreError):
+            catalog.watch(since, timeout)
+
+
 def test_watch_long_poll_wakes_on_a_commit(open_catalog):
     catalog = open_catalog()
     catalog.publish("a", "n1", summary())
@@ -321,7 +339,8 @@ def test_watch_is_served_beside_other_calls_in_a_ray_actor(tmp_path):
             num_cpus=0, max_concurrency=2
         ).remote(str(tmp_path / "db.sqlite3"), StoreConfig())
         first = ray.get(actor.watch.remote(0, 0))
-        polls = [actor.watch.remote(first.seq, 60.0, first.epoch) for _ in range(4)]  # more than the default group's threads
+        # more long polls than the default group has threads: they must not hold up the calls below
+        polls = [actor.watch.remote(first.seq, 60.0, first.epoch) for _ in range(4)]
         ready, _ = ray.wait(polls, timeout=0.5)
         assert ready == []
         entry = ray.get(actor.publish.remote("a", "n1", summary()), timeout=30)
