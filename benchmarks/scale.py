@@ -6,7 +6,8 @@ ops rows (per catalog size N, in policies of --versions-per-policy versions):
              hold (a node records its copy), watch (a long poll answered with one new commit)
   mode       inproc: CatalogServer driven in this process (the catalog's own cost, no Ray);
              actor: through the catalog actor as client.py creates it (Ray's call cost included)
-  p50_ms / p99_ms   one call at a time; ops_per_s: --inflight calls in flight (actor), back to back (inproc)
+  p50_ms / p99_ms   one call at a time; ops_per_s with ``inflight`` calls in flight: --inflight for the actor's
+             publish, lookups and hold, else 1 (back to back)
 state rows (per N): db_mib (the database on disk, WAL checkpointed), open_s (CatalogServer opening the database,
   integrity check included: the catalog's own part of a restart), actor_restart_s (SIGKILL of the actor to its
   first answered lookup, Ray's restart included), actor_pss_mib (PSS of the catalog actor's process)
@@ -112,7 +113,7 @@ def measure_inproc(results: harness.Results, catalog: CatalogServer, n: int, pol
         times = one_at_a_time(lambda method, *a: getattr(catalog, method)(*a), op, count, policies, state)
         stats = harness.percentiles(times)
         results.emit({"row": "ops", "mode": "inproc", "snapshots": n, "op": op, "samples": count,
-                      "p50_ms": stats["p50"], "p99_ms": stats["p99"], "ops_per_s": 1e3 / stats["mean"]})
+                      "p50_ms": stats["p50"], "p99_ms": stats["p99"], "ops_per_s": 1e3 / stats["mean"], "inflight": 1})
 
 
 def measure_actor(results: harness.Results, actor, n: int, policies: list[str], args) -> None:
@@ -124,7 +125,7 @@ def measure_actor(results: harness.Results, actor, n: int, policies: list[str], 
                               state)
         stats = harness.percentiles(times)
         row = {"row": "ops", "mode": "actor", "snapshots": n, "op": op, "samples": count,
-               "p50_ms": stats["p50"], "p99_ms": stats["p99"], "ops_per_s": None}
+               "p50_ms": stats["p50"], "p99_ms": stats["p99"], "ops_per_s": 1e3 / stats["mean"], "inflight": 1}
         if op in ("publish", "lookup_latest", "lookup_version", "hold"):
             pipelined = {
                 "publish": lambda i: actor.publish.remote(policies[i % len(policies)], "node-1", summary(i)),
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     notes = [f"params: {json.dumps(results.params)}"]
-    results.finish(["row", "mode", "snapshots", "op", "p50_ms", "p99_ms", "ops_per_s", "db_mib", "open_s",
+    results.finish(["row", "mode", "snapshots", "op", "p50_ms", "p99_ms", "ops_per_s", "inflight", "db_mib", "open_s",
                     "actor_restart_s", "actor_pss_mib", "nodes", "snapshot_mib", "total_s", "node_max_s",
                     "aggregate_gbps", "loadavg_1m"], plot, notes)
 
