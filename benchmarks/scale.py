@@ -280,12 +280,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for mode, style in (("inproc", "-"), ("actor", "--")):
-        for op in OPS:
+    for mode, style, marker in (("inproc", "-", "o"), ("actor", "--", "s")):
+        for color, op in enumerate(OPS):
             pts = sorted((r["snapshots"], r["p50_ms"]) for r in rows
                          if r.get("row") == "ops" and r["mode"] == mode and r["op"] == op)
             if pts:
-                ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{op} ({mode})")
+                ax.plot(*zip(*pts, strict=True), style, marker=marker, color=f"C{color}", label=f"{op} ({mode})")
     ax.set(xscale="log", yscale="log", xlabel="snapshots in the catalog", ylabel="p50 per call (ms)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=6, ncol=2)
