@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -259,8 +259,10 @@ class CatalogServer:
                            [(pid, v, node_id) for pid, v in gone])
         return Reconciled(tuple(discard), tuple(quarantine))
 
-    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary]]) -> Adopted:
+    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]) -> Adopted:
         """Take the durable tier's committed snapshots (``DurableTier.list_committed()``) into the catalog.
+
+        Each summary is a ``wire.Summary`` or a mapping of its fields (what the durable tier's markers hold).
 
         For a catalog whose database is new (``health().new``): a fresh cluster pointed at an existing durable
         URI sees the league. Entries the catalog already has gain the durable tier as holder; entries it deleted
@@ -271,9 +273,11 @@ class CatalogServer:
         for sid, summary in entries:
             sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
             try:
+                if isinstance(summary, Mapping):
+                    summary = Summary(**summary)
                 checked.append((sid, summary, _check_summary(summary)))
-            except InvalidWeightsError as exc:
-                skipped.append(f"{sid}: {exc}")
+            except (TypeError, InvalidWeightsError) as exc:
+                skipped.append(f"{sid}: not a valid summary: {exc}")
         with self._write(durable=True) as db:
             for sid, summary, meta in checked:
                 row = db.execute("SELECT state, checksum FROM snapshots WHERE pid = ? AND version = ?",

@@ -258,6 +258,12 @@ def test_adopt_takes_the_durable_tiers_league_into_a_new_catalog(open_catalog, t
     assert any("v1: deleted" in s for s in answer.skipped) and any("v2: durable checksum" in s for s in answer.skipped)
     catalog.adopt([(SnapshotId("main", 5), summary("crc32c:00000005", durable=True))])
     assert catalog.lookup("main", 5).holders == (DURABLE,)
+    # The durable tier's markers hold the fields of a Summary as a mapping: taken as they are, or said why not.
+    fields = {"nbytes": 7, "checksum": "crc32c:77", "meta": {"step": 7}, "created": 3.0, "durable": True}
+    answer = catalog.adopt([(SnapshotId("side", 1), fields), (SnapshotId("side", 2), {**fields, "extra": 1}),
+                            (SnapshotId("side", 3), {**fields, "nbytes": "big"})])
+    assert answer.added == (SnapshotId("side", 1),) and catalog.lookup("side").summary.meta == {"step": 7}
+    assert [s.split(":")[0] for s in answer.skipped] == ["side@v2", "side@v3"]
 
 
 # ---- watch ---------------------------------------------------------------------------------------------------
