@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,9 @@ class CatalogServer:
 
     ``db_path``: the sqlite database, on the catalog node's local disk. ``legacy_journal``: where an older
     catalog kept its JSON-lines journal; if that file exists it is imported once, then renamed ``*.imported``.
+    ``seed``: called when the database is new (first start, a damaged one moved aside, or a catalog restarted on
+    another node): returns the durable tier's committed snapshots to ``adopt`` (e.g. a partial of
+    ``DurableTier.open(uri).list_committed``), so a fresh catalog over an existing durable URI sees the league.
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class CatalogServer:
         config: StoreConfig,
         legacy_journal: str | None = None,
         *,
+        seed: Callable[[], Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]] | None = None,
         event_log_keep: int = EVENT_LOG_KEEP,
     ):
         self.config = config  # the cluster's store settings: stores started later, anywhere, use them
@@ -129,6 +133,8 @@ class CatalogServer:
         self._epoch = catalogdb.info(self._db, "epoch")
         self._pruned = int(catalogdb.info(self._db, "pruned_through", "0"))
         self._seq = self._current_seq()
+        seeded = self._seed(seed) if self._new and seed is not None else None
+        self._adopted = len(seeded.added) if seeded else 0
         for problem in self._problems:
             log.error("catalog: %s", problem)
         health = self.health()
@@ -145,8 +151,8 @@ class CatalogServer:
             policies = self._db.execute("SELECT count(*) FROM policies WHERE latest > 0").fetchone()[0]
             return CatalogHealth(
                 path=str(self._path), epoch=self._epoch, new=self._new, problems=tuple(self._problems),
-                imported=self._imported, seq=self._seq, policies=policies, snapshots=counts.get(COMMITTED, 0),
-                reserved=counts.get(RESERVED, 0),
+                imported=self._imported, adopted=self._adopted, seq=self._seq, policies=policies,
+                snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0),
             )
 
     def close(self) -> None:
@@ -514,6 +520,19 @@ class CatalogServer:
             db.execute("INSERT OR REPLACE INTO info (key, value) VALUES ('boot_id', ?)", (current,))
         log.info("catalog: the machine restarted since the database was last used; versions continue after "
                  "each policy's synced block and watchers start over (new epoch)")
+
+    def _seed(self, seed: Callable[[], Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]]) -> Adopted | None:
+        """Adopt what ``seed`` lists into a new database; a seed that fails is reported, never fatal."""
+        try:
+            entries = seed()
+        except Exception as exc:  # the durable tier unreachable: start, say so, and let the stores re-report
+            self._problems.append(f"could not list the durable tier to rebuild the catalog: {type(exc).__name__}: "
+                                  f"{exc}")
+            return None
+        answer = self.adopt(entries)
+        log.warning("catalog: new database, adopted %d snapshots from the durable tier (%d skipped)",
+                    len(answer.added), len(answer.skipped))
+        return answer
 
     def _import_journal(self, path: Path) -> int:
         """Import an older catalog's JSON-lines journal once (then rename it); returns the snapshots imported."""

@@ -258,6 +258,17 @@ def test_adopt_takes_the_durable_tiers_league_into_a_new_catalog(open_catalog, t
     assert any("v1: deleted" in s for s in answer.skipped) and any("v2: durable checksum" in s for s in answer.skipped)
     catalog.adopt([(SnapshotId("main", 5), summary("crc32c:00000005", durable=True))])
     assert catalog.lookup("main", 5).holders == (DURABLE,)
+    # A catalog given a seed adopts from it when (and only when) its database is new; a failing seed is reported.
+    seeded = open_catalog(tmp_path / "seeded.sqlite3", seed=lambda: listed)
+    assert seeded.health().adopted == 3 and seeded.lookup("main").version == 5
+    seeded.close()
+    assert open_catalog(tmp_path / "seeded.sqlite3", seed=lambda: 1 / 0).health().adopted == 0  # not new: unused
+
+    def unreachable():
+        raise OSError("durable tier unreachable")
+
+    failed = open_catalog(tmp_path / "failed.sqlite3", seed=unreachable)
+    assert failed.health().adopted == 0 and "durable tier unreachable" in failed.health().problems[0]
     # The durable tier's markers hold the fields of a Summary as a mapping: taken as they are, or said why not.
     fields = {"nbytes": 7, "checksum": "crc32c:77", "meta": {"step": 7}, "created": 3.0, "durable": True}
     answer = catalog.adopt([(SnapshotId("side", 1), fields), (SnapshotId("side", 2), {**fields, "extra": 1}),
