@@ -36,7 +36,13 @@ import ray
 from . import catalogdb
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
 from .config import StoreConfig
-from .errors import InvalidMetaError, InvalidWeightsError, UnknownPolicyError, UnknownVersionError
+from .errors import (
+    InvalidMetaError,
+    InvalidWeightsError,
+    PolicyStoreError,
+    UnknownPolicyError,
+    UnknownVersionError,
+)
 from .ids import SnapshotId, check_policy_id, check_version
 from .journal import read_journal
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Reconciled, Summary
@@ -425,11 +431,17 @@ class CatalogServer:
                 self._seq = seq
                 self._changed.notify_all()
             if self._seq - self._pruned > self._keep + self._keep // 10 + 10:
-                with catalogdb.transaction(self._db, durable=False) as db:
-                    through = self._seq - self._keep
-                    db.execute("DELETE FROM events WHERE seq <= ?", (through,))
-                    db.execute("UPDATE info SET value = ? WHERE key = 'pruned_through'", (str(through),))
-                self._pruned = through
+                self._prune(self._seq - self._keep)
+
+    def _prune(self, through: int) -> None:
+        """Forget events up to ``through``; a failure here must not turn the change just made into an error."""
+        try:
+            with catalogdb.transaction(self._db, durable=False) as db:
+                db.execute("DELETE FROM events WHERE seq <= ?", (through,))
+                db.execute("UPDATE info SET value = ? WHERE key = 'pruned_through'", (str(through),))
+            self._pruned = through
+        except PolicyStoreError as exc:
+            log.warning("catalog: could not prune the event log (%s); will try again", exc)
 
     def _current_seq(self) -> int:
         row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
