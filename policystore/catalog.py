@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,13 @@ import ray
 from . import catalogdb
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
 from .config import StoreConfig
-from .errors import InvalidMetaError, InvalidWeightsError, UnknownPolicyError, UnknownVersionError
+from .errors import (
+    InvalidMetaError,
+    InvalidWeightsError,
+    PolicyStoreError,
+    UnknownPolicyError,
+    UnknownVersionError,
+)
 from .ids import SnapshotId, check_policy_id, check_version
 from .journal import read_journal
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Reconciled, Summary
@@ -103,6 +109,9 @@ class CatalogServer:
 
     ``db_path``: the sqlite database, on the catalog node's local disk. ``legacy_journal``: where an older
     catalog kept its JSON-lines journal; if that file exists it is imported once, then renamed ``*.imported``.
+    ``seed``: called when the database is new (first start, a damaged one moved aside, or a catalog restarted on
+    another node): returns the durable tier's committed snapshots to ``adopt`` (e.g. a partial of
+    ``DurableTier.open(uri).list_committed``), so a fresh catalog over an existing durable URI sees the league.
     """
 
     def __init__(
@@ -111,6 +120,7 @@ class CatalogServer:
         config: StoreConfig,
         legacy_journal: str | None = None,
         *,
+        seed: Callable[[], Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]] | None = None,
         event_log_keep: int = EVENT_LOG_KEEP,
     ):
         self.config = config  # the cluster's store settings: stores started later, anywhere, use them
@@ -129,6 +139,8 @@ class CatalogServer:
         self._epoch = catalogdb.info(self._db, "epoch")
         self._pruned = int(catalogdb.info(self._db, "pruned_through", "0"))
         self._seq = self._current_seq()
+        seeded = self._seed(seed) if self._new and seed is not None else None
+        self._adopted = len(seeded.added) if seeded else 0
         for problem in self._problems:
             log.error("catalog: %s", problem)
         health = self.health()
@@ -145,8 +157,8 @@ class CatalogServer:
             policies = self._db.execute("SELECT count(*) FROM policies WHERE latest > 0").fetchone()[0]
             return CatalogHealth(
                 path=str(self._path), epoch=self._epoch, new=self._new, problems=tuple(self._problems),
-                imported=self._imported, seq=self._seq, policies=policies, snapshots=counts.get(COMMITTED, 0),
-                reserved=counts.get(RESERVED, 0),
+                imported=self._imported, adopted=self._adopted, seq=self._seq, policies=policies,
+                snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0),
             )
 
     def close(self) -> None:
@@ -224,18 +236,21 @@ class CatalogServer:
         Committed versions the node no longer reports lose it as a holder.
         """
         _check_node(node_id)
-        reports = []
+        reports, discard, quarantine, kept = [], [], [], set()
         for sid, what in held:
             sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
             summary = what if isinstance(what, Summary) else Summary(0, what, {}, 0.0, False)
-            reports.append((sid, summary, _check_summary(summary)))
-        discard, quarantine = [], []
+            try:
+                reports.append((sid, summary, _check_summary(summary)))
+            except InvalidWeightsError as exc:  # one bad file must not stop the store from taking the others
+                quarantine.append((sid, str(exc)))
         with self._write(durable=True) as db:
             for sid, summary, meta in reports:
                 row = db.execute("SELECT state, node, checksum FROM snapshots WHERE pid = ? AND version = ?",
                                  sid).fetchone()
                 if row is None:
                     self._adopt_one(db, sid, node_id, summary, meta)
+                    kept.add(sid)
                 elif row[0] == RESERVED and row[1] == node_id:
                     db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ?", (ABORTED, *sid))
                     discard.append(sid)
@@ -249,26 +264,32 @@ class CatalogServer:
                     quarantine.append((sid, f"checksum {summary.checksum} differs from the catalog's {row[2]}"))
                 else:
                     self._add_holder(db, sid, node_id)
-            reported = {sid for sid, _, _ in reports}
+                    kept.add(sid)
             gone = [(pid, v) for pid, v in db.execute("SELECT pid, version FROM holders WHERE node = ?", (node_id,))
-                    if (pid, v) not in reported]
+                    if (pid, v) not in kept]
             db.executemany("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?",
                            [(pid, v, node_id) for pid, v in gone])
         return Reconciled(tuple(discard), tuple(quarantine))
 
-    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary]]) -> Adopted:
+    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]) -> Adopted:
         """Take the durable tier's committed snapshots (``DurableTier.list_committed()``) into the catalog.
+
+        Each summary is a ``wire.Summary`` or a mapping of its fields (what the durable tier's markers hold).
 
         For a catalog whose database is new (``health().new``): a fresh cluster pointed at an existing durable
         URI sees the league. Entries the catalog already has gain the durable tier as holder; entries it deleted
         or aborted, or that conflict with it, are skipped and said why (the durable tier is never trusted over
         the catalog's own record).
         """
-        checked = []
+        checked, added, held, skipped = [], [], [], []
         for sid, summary in entries:
             sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
-            checked.append((sid, summary, _check_summary(summary)))
-        added, held, skipped = [], [], []
+            try:
+                if isinstance(summary, Mapping):
+                    summary = Summary(**summary)
+                checked.append((sid, summary, _check_summary(summary)))
+            except (TypeError, InvalidWeightsError) as exc:
+                skipped.append(f"{sid}: not a valid summary: {exc}")
         with self._write(durable=True) as db:
             for sid, summary, meta in checked:
                 row = db.execute("SELECT state, checksum FROM snapshots WHERE pid = ? AND version = ?",
@@ -350,8 +371,9 @@ class CatalogServer:
         ``timeout_s`` (at most 60 s), whichever is first. A long poll; pass the last answer's ``seq`` (and
         ``epoch``) back in.
 
-        ``reset=True`` (with ``latest`` for every policy, to replace what the watcher knew) when ``since`` is 0,
-        older than the kept event log, newer than any event (the watcher knew a database that is gone), or the
+        ``reset=True`` (with ``latest`` for every policy, to replace what the watcher knew) when ``since`` is 0
+        (a watcher that knows nothing; unless it passes this epoch: it saw the catalog empty), older than the kept
+        event log, newer than any event (the watcher knew a database that is gone), or the
         ``epoch`` differs from the catalog's.
         """
         if isinstance(since, bool) or not isinstance(since, int) or since < 0:
@@ -361,7 +383,8 @@ class CatalogServer:
         deadline = time.monotonic() + min(float(timeout_s), MAX_WATCH_S)
         with self._changed:
             while True:
-                if since == 0 or since < self._pruned or since > self._seq or epoch not in (None, self._epoch):
+                behind = since < self._pruned or (since == 0 and self._seq > 0 and epoch != self._epoch)
+                if behind or since > self._seq or epoch not in (None, self._epoch):
                     return self._reset()
                 if since < self._seq:
                     return self._events_after(since)
@@ -408,11 +431,17 @@ class CatalogServer:
                 self._seq = seq
                 self._changed.notify_all()
             if self._seq - self._pruned > self._keep + self._keep // 10 + 10:
-                with catalogdb.transaction(self._db, durable=False) as db:
-                    through = self._seq - self._keep
-                    db.execute("DELETE FROM events WHERE seq <= ?", (through,))
-                    db.execute("UPDATE info SET value = ? WHERE key = 'pruned_through'", (str(through),))
-                self._pruned = through
+                self._prune(self._seq - self._keep)
+
+    def _prune(self, through: int) -> None:
+        """Forget events up to ``through``; a failure here must not turn the change just made into an error."""
+        try:
+            with catalogdb.transaction(self._db, durable=False) as db:
+                db.execute("DELETE FROM events WHERE seq <= ?", (through,))
+                db.execute("UPDATE info SET value = ? WHERE key = 'pruned_through'", (str(through),))
+            self._pruned = through
+        except PolicyStoreError as exc:
+            log.warning("catalog: could not prune the event log (%s); will try again", exc)
 
     def _current_seq(self) -> int:
         row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
@@ -503,6 +532,19 @@ class CatalogServer:
             db.execute("INSERT OR REPLACE INTO info (key, value) VALUES ('boot_id', ?)", (current,))
         log.info("catalog: the machine restarted since the database was last used; versions continue after "
                  "each policy's synced block and watchers start over (new epoch)")
+
+    def _seed(self, seed: Callable[[], Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]]) -> Adopted | None:
+        """Adopt what ``seed`` lists into a new database; a seed that fails is reported, never fatal."""
+        try:
+            entries = seed()
+        except Exception as exc:  # the durable tier unreachable: start, say so, and let the stores re-report
+            self._problems.append(f"could not list the durable tier to rebuild the catalog: {type(exc).__name__}: "
+                                  f"{exc}")
+            return None
+        answer = self.adopt(entries)
+        log.warning("catalog: new database, adopted %d snapshots from the durable tier (%d skipped)",
+                    len(answer.added), len(answer.skipped))
+        return answer
 
     def _import_journal(self, path: Path) -> int:
         """Import an older catalog's JSON-lines journal once (then rename it); returns the snapshots imported."""

@@ -22,7 +22,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CatalogDatabaseError, DiskFullError
+from .errors import CatalogDatabaseError, DiskFullError, PolicyStoreError
 from .ids import check_policy_id, check_version
 
 log = logging.getLogger(__name__)
@@ -160,68 +160,107 @@ def _move_aside(path: Path) -> Path:
 
 
 def _salvage(aside: Path, problems: list[str]) -> Salvage:
-    """Read whatever rows a damaged database still yields; every row is re-validated before it is kept."""
+    """Read whatever rows a damaged database still yields; every row is re-validated before it is kept.
+
+    It reads a copy padded to the page count the header records (sqlite refuses a torn file outright), scans each
+    table as far as it goes, and where a snapshot scan breaks off it looks every version up one by one (a broken
+    interior page hides only the rows below it). Version counters come from every table that names a version, so
+    that versions keep increasing past anything the old database handed out.
+    """
     out = Salvage()
+    copy = Path(f"{aside}.salvage")
+    bad = [0]
+    broken: set[str] = set()
     try:
-        conn = sqlite3.connect(f"file:{aside}?mode=ro", uri=True, isolation_level=None)
-    except sqlite3.DatabaseError as exc:
+        _padded_copy(aside, copy)
+        conn = sqlite3.connect(f"file:{copy}?mode=ro", uri=True, isolation_level=None)
+    except (OSError, sqlite3.DatabaseError) as exc:
         problems.append(f"nothing salvaged: {exc}")
+        copy.unlink(missing_ok=True)
         return out
-    bad = 0
+
+    def rows(what: str, query: str, params: tuple = ()) -> Iterator[tuple]:
+        try:
+            yield from conn.execute(query, params)
+        except sqlite3.DatabaseError as exc:
+            broken.add(what)
+            problems.append(f"salvage: reading {what} broke off: {exc}")
+
+    def valid(row: tuple) -> bool:
+        try:
+            _check_snapshot_row(row)
+            return True
+        except (TypeError, ValueError, json.JSONDecodeError, PolicyStoreError):
+            bad[0] += 1
+            return False
+
     try:
-        for name, query, keep in (
-            ("policies", "SELECT pid, next, ceiling FROM policies", _keep_policy(out)),
-            ("snapshots", "SELECT pid, version, state, node, nbytes, checksum, meta, created, durable FROM snapshots "
-             f"WHERE state IN ('{COMMITTED}', '{DELETED}', '{ABORTED}')", _keep_snapshot(out)),
-            ("holders", "SELECT pid, version, node FROM holders", _keep_holder(out)),
-        ):
-            try:
-                for row in conn.execute(query):
-                    try:
-                        keep(row)
-                    except (TypeError, ValueError, json.JSONDecodeError):
-                        bad += 1
-            except sqlite3.DatabaseError as exc:
-                problems.append(f"salvage stopped reading {name}: {exc}")
+        seen: dict[str, int] = {}
+        for pid, nxt, ceiling in rows("policies", "SELECT pid, next, ceiling FROM policies"):
+            if _valid_id(pid) and isinstance(nxt, int) and isinstance(ceiling, int):
+                out.policies[pid] = (nxt, ceiling)
+        for what, query in (("holders", "SELECT pid, version, node FROM holders"),
+                            ("events", "SELECT pid, version, '' FROM events")):
+            for pid, version, node in rows(what, query):
+                if _valid_id(pid) and isinstance(version, int) and version > 0:
+                    seen[pid] = max(seen.get(pid, 0), version)
+                    if what == "holders" and isinstance(node, str):
+                        out.holders.append((pid, version, node))
+        columns = "pid, version, state, node, nbytes, checksum, meta, created, durable"
+        states = f"state IN ('{COMMITTED}', '{DELETED}', '{ABORTED}')"
+        found = {row[:2]: row for row in rows("snapshots", f"SELECT {columns} FROM snapshots WHERE {states}")}
+        if "snapshots" in broken:  # look up every version the counters know of, one at a time
+            for pid in set(out.policies) | set(seen):
+                top = max(out.policies.get(pid, (1, 0))[0] - 1, seen.get(pid, 0))
+                for version in range(1, top + 1):
+                    if (pid, version) not in found:
+                        for row in rows(f"{pid}@v{version}", f"SELECT {columns} FROM snapshots WHERE pid = ? AND "
+                                        f"version = ? AND {states}", (pid, version)):
+                            found[row[:2]] = row
+        out.snapshots = [row for row in found.values() if valid(row)]
+        for pid, version, *_ in out.snapshots:
+            seen[pid] = max(seen.get(pid, 0), version)
+        for pid, top in seen.items():
+            nxt, ceiling = out.policies.get(pid, (1, 0))
+            out.policies[pid] = (max(nxt, top + 1), ceiling)
     finally:
         conn.close()
+        copy.unlink(missing_ok=True)
     committed = sum(row[2] == COMMITTED for row in out.snapshots)
     problems.append(
         f"salvaged {committed} committed snapshots, {len(out.snapshots) - committed} tombstones and "
-        f"{len(out.policies)} version counters; {bad} unreadable rows skipped"
+        f"{len(out.policies)} version counters; {bad[0]} invalid rows skipped"
     )
     return out
 
 
-def _keep_policy(out: Salvage):
-    def keep(row: tuple) -> None:
-        pid, nxt, ceiling = row
-        if not (isinstance(nxt, int) and isinstance(ceiling, int)):
-            raise ValueError(row)
-        out.policies[check_policy_id(pid)] = (nxt, ceiling)
-    return keep
+def _padded_copy(src: Path, dst: Path) -> None:
+    """Copy ``src``, padded with zeros to the size its sqlite header records (a torn file is otherwise refused)."""
+    data = src.read_bytes()
+    if len(data) >= 100 and data.startswith(b"SQLite format 3\x00"):
+        page_size = int.from_bytes(data[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = int.from_bytes(data[28:32], "big")
+        data += b"\x00" * max(0, page_size * pages - len(data))
+    dst.write_bytes(data)
 
 
-def _keep_snapshot(out: Salvage):
-    def keep(row: tuple) -> None:
-        pid, version, state, node, nbytes, checksum, meta, created, durable = row
+def _valid_id(pid: object) -> bool:
+    try:
         check_policy_id(pid)
-        check_version(version)
-        if not (isinstance(node, str) and isinstance(nbytes, int) and isinstance(checksum, str)):
-            raise ValueError(row)
-        if not isinstance(json.loads(meta), dict):
-            raise ValueError(row)
-        out.snapshots.append((pid, version, state, node, nbytes, checksum, meta, float(created), int(bool(durable))))
-    return keep
+        return True
+    except PolicyStoreError:
+        return False
 
 
-def _keep_holder(out: Salvage):
-    def keep(row: tuple) -> None:
-        pid, version, node = row
-        if not isinstance(node, str):
-            raise ValueError(row)
-        out.holders.append((check_policy_id(pid), check_version(version), node))
-    return keep
+def _check_snapshot_row(row: tuple) -> None:
+    pid, version, state, node, nbytes, checksum, meta, created, durable = row
+    check_policy_id(pid)
+    check_version(version)
+    if not (isinstance(node, str) and isinstance(nbytes, int) and isinstance(checksum, str)):
+        raise ValueError(row)
+    if not isinstance(json.loads(meta), dict) or not isinstance(created, (int, float)):
+        raise ValueError(row)
 
 
 @contextmanager

@@ -192,6 +192,7 @@ class CatalogHealth:
     new: bool
     problems: tuple[str, ...]
     imported: int  # snapshots imported from an older catalog's JSON-lines journal by this start
+    adopted: int  # snapshots adopted from the durable tier by this start (``seed``, new databases only)
     seq: int
     policies: int
     snapshots: int

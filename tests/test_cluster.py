@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import policystore
 from policystore import StoreConfig
+from policystore.config import CATALOG_NAME, NAMESPACE
 
 MiB = 1024 * 1024
 STORE_MEMORY = 400 * MiB
@@ -194,3 +195,28 @@ def test_32_readers_never_see_a_torn_snapshot_while_a_learner_publishes(cluster)
     assert all(count > 0 for count, _, _ in results)
     seen = set().union(*(set(v) for _, v, _ in results))
     assert len(seen) > 1  # readers did observe new versions while the learner published
+
+
+def test_sigkilled_catalog_restarts_with_every_version_and_watchers_carry_on(cluster):
+    c, _, _ = cluster
+    a, b, _ = node_ids(c)
+    catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+    published = [ray.get(on(a).publish.remote("ledger", v, mib=0.1)) for v in (1, 2, 3)]
+    before = ray.get(catalog.watch.remote(0, 0))
+    assert before.reset and before.latest["ledger"] == published[-1]
+    os.kill(ray.get(catalog.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:  # Ray restarts it; it reopens its database
+        try:
+            entry = ray.get(catalog.lookup.remote("ledger"), timeout=30)
+            break
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError, ray.exceptions.GetTimeoutError):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    assert entry.version == published[-1] and ray.get(catalog.health.remote()).problems == ()
+    after = ray.get(catalog.watch.remote(before.seq, 0, before.epoch))
+    assert after.epoch == before.epoch and not after.reset  # the same database: the event log goes on
+    assert ray.get(on(b).publish.remote("ledger", 4, mib=0.1)) == published[-1] + 1  # no version handed out twice
+    events = ray.get(catalog.watch.remote(before.seq, 30.0, before.epoch))
+    assert [e.version for e in events.committed] == [published[-1] + 1]
+    assert ray.get(on(b).get.remote("ledger")) == (4, 4.0, 4.0)
