@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
 from trainer.config import TrainConfig
 from trainer.play import play_game
 from trainer.policy import load_policy
@@ -40,9 +41,9 @@ def test_learning_happens(run_dir):
     assert curve[-1]["win_random"] > 0.85
     league = read(run_dir, "league.json")
     kinds = [p["kind"] for p in league["players"]]
-    assert kinds.count("historical") >= 3  # the main agent's first snapshot and some taken on budget
+    assert kinds.count(HISTORICAL) >= 3  # the main agent's first snapshot and some taken on budget
     report = read(run_dir, "report/report.json")
-    assert report["env_steps"] > 0 and report["memory"]["frozen_snapshots"] == kinds.count("historical")
+    assert report["env_steps"] > 0 and report["memory"]["frozen_snapshots"] == kinds.count(HISTORICAL)
     assert all((run_dir / "report" / f).stat().st_size > 0 for f in ("payoff.png", "curve.png", "players.md"))
 
 
@@ -56,12 +57,12 @@ def test_resume_continues_the_run(run_dir):
     steps = {p["name"]: p["steps"] for p in after["players"]}
     # Same players and snapshots as before plus new ones; learning counters continue instead of restarting.
     assert {p["name"] for p in before["players"]} <= set(steps)
-    assert all(steps[p["name"]] > p["steps"] for p in before["players"] if p["kind"] == "main")
+    assert all(steps[p["name"]] > p["steps"] for p in before["players"] if p["kind"] == MAIN)
     assert read(run_dir, "checkpoints/main_0.json")["updates"] > updates
     assert read(run_dir, "state.json")["elapsed_s"] > elapsed + 10  # 12 s more
     assert len(read(run_dir, "curve.json")) > evaluations
     # The first session's live versions were cleaned up too: only the newest two of main_0 stay on disk.
-    assert len(list((run_dir / "store" / "main_0").glob("*.safetensors*"))) <= 2
+    assert len(list((run_dir / "store" / DEFAULT_PLAYER).glob("*.safetensors*"))) <= 2
     with pytest.raises(FileExistsError, match="--resume"):
         train(run_dir, TrainConfig(minutes=0.1))
 

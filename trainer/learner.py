@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 import policystore
+from league.constants import FROZEN_META_KEY
+from league.games import get_game
 from trainer.checkpoint import has_learner, load_learner, load_weights, save_learner, save_weights
-from trainer.games import get_game
 from trainer.ppo import PPO, PPOConfig
 
 
@@ -88,7 +89,7 @@ class LearnerShard:
 
     def snapshot(self, name: str) -> policystore.SnapshotId:
         """Freeze the current weights as their own store policy ``name``, durable on disk."""
-        return self.store.publish(name, host_weights(self.ppo.net), meta=self._meta() | {"frozen": True},
+        return self.store.publish(name, host_weights(self.ppo.net), meta=self._meta() | {FROZEN_META_KEY: True},
                                   durable=True)
 
     def reset(self) -> None:

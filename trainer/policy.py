@@ -14,11 +14,12 @@ import lz4.frame
 import numpy as np
 from safetensors.torch import load as load_safetensors
 
+from league.connect4 import COLS, VecConnectFour, observation_planes
+from league.constants import DEFAULT_PLAYER
+from league.games import CONNECT4, get_game
+from league.model import PolicyNet, act
 from policystore.format import verify_buffer
-from trainer.config import TrainConfig
-from trainer.connect4 import COLS, VecConnectFour, observation_planes
-from trainer.games import CONNECT4, get_game
-from trainer.model import PolicyNet, act
+from trainer.rundir import RunDir
 
 _FILE = re.compile(r"^(\d+)\.safetensors(\.lz4)?$")
 
@@ -34,24 +35,16 @@ def _versions(folder: Path) -> dict[int, Path]:
     return found
 
 
-def run_config(run_dir: str | Path) -> TrainConfig:
-    config_path = Path(run_dir) / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(f"{run_dir} is not a trainer run directory (no config.json)")
-    return TrainConfig.load(config_path)
-
-
 def load_net(run_dir: str | Path, player: str | None = None, version: int | str = "latest") -> PolicyNet:
     """The policy net of ``player`` (a trainable player such as ``main_0`` or a snapshot such as
     ``main_0.s3``; ``None`` = the first main agent) at a store version (``"latest"`` or an int)."""
-    run_dir = Path(run_dir)
-    config = run_config(run_dir)
-    player = player or "main_0"
-    folder = run_dir / "store" / player
+    rd = RunDir(run_dir)
+    config = rd.load_config()
+    player = player or DEFAULT_PLAYER
+    folder = rd.store / player
     versions = _versions(folder) if folder.is_dir() else {}
     if not versions:
-        store = run_dir / "store"
-        known = sorted(p.name for p in store.iterdir() if p.is_dir()) if store.is_dir() else []
+        known = sorted(p.name for p in rd.store.iterdir() if p.is_dir()) if rd.store.is_dir() else []
         raise KeyError(f"no saved weights for player {player!r} in {run_dir}; players with weights: {known}")
     if version == "latest":
         version = max(versions)
@@ -71,8 +64,9 @@ def load_policy(run_dir: str | Path, player: str | None = None, version: int | s
     ``board``: ``(6, 7)`` int8, row 0 the top row, 0 empty, 1/2 the players' stones; ``player_to_move``: 1
     or 2; ``legal_actions``: columns allowed (default: every column that is not full).
     """
-    if run_config(run_dir).game != CONNECT4.name:
-        raise ValueError(f"load_policy plays Connect Four boards; {run_dir} trained {run_config(run_dir).game!r}")
+    game = RunDir(run_dir).load_config().game
+    if game != CONNECT4.name:
+        raise ValueError(f"load_policy plays Connect Four boards; {run_dir} trained {game!r}")
     net = load_net(run_dir, player, version)
 
     def act_on(board: np.ndarray, player_to_move: int, legal_actions: Sequence[int] | np.ndarray | None = None

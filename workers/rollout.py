@@ -17,9 +17,9 @@ import ray
 import torch
 
 import policystore
-from policystore.memory import process_pss_bytes
-from trainer.games import get_game
-from trainer.league import Match, MatchResult
+from league.games import get_game
+from league.matchmaking import Match, MatchResult
+from policystore.memory import MiB, process_pss_bytes
 from workers.modules import SnapshotModules
 from workers.play import net_policy, play
 
@@ -92,4 +92,4 @@ class RolloutWorker:
 
     def stats(self) -> dict[str, Any]:
         return {"steps": self.steps, "matches": self.matches, "play_seconds": self.play_seconds,
-                "modules": len(self.modules), "pss_mib": process_pss_bytes() / 2**20}
+                "modules": len(self.modules), "pss_mib": process_pss_bytes() / MiB}

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.connect4 import COLS, NUM_PLANES, ROWS
+from league.connect4 import COLS, NUM_PLANES, ROWS
 
 MASKED_LOGIT = -1e9
 
