@@ -116,7 +116,8 @@ def violations(allowed_of) -> list[str]:
             if target.startswith("external:"):
                 continue
             if layer(target) != layer(module) and layer(target) not in allowed_of(layer(module)):
-                out.append(f"{layer(module)} -> {layer(target)}: {module} imports {target} ({', '.join(sorted(where))})")
+                where_text = ", ".join(sorted(where))
+                out.append(f"{layer(module)} -> {layer(target)}: {module} imports {target} ({where_text})")
     return out
 
 
