@@ -1,4 +1,5 @@
-"""pytest-benchmark microbenchmarks of the snapshot format: pack, header parse, checksum, view creation.
+"""pytest-benchmark microbenchmarks of the snapshot format: pack, header parse, checksum, view creation, module
+build (a cached skeleton, cloned per call), and a forward pass guarded versus in ``fast_reads()``.
 
 Not part of the default test run (pytest's testpaths is tests/). Run them with
     python -m pytest benchmarks/test_format_bench.py --benchmark-enable
@@ -12,7 +13,7 @@ import torch
 
 from benchmarks.nets import NetSpec, random_weights
 from policystore.format import compute_checksum, pack, parse_header, verify_buffer
-from policystore.views import build_on_views, tensor_views
+from policystore.views import build_on_views, fast_reads, tensor_views
 
 MiB = 1024 * 1024
 SIZES = [1, 16]
@@ -61,3 +62,35 @@ def test_build_on_views(benchmark, case):
     module = benchmark(build_on_views, spec, views, "bench")
     with torch.no_grad():
         assert module(spec.example_input()).shape == (1, 16)
+
+
+@pytest.fixture(scope="module")
+def shared_module(case):
+    """A module on guarded views of a read-only buffer, as a reader holds it."""
+    spec, _, buf, header = case
+    buf = buf.copy()
+    buf.flags.writeable = False
+    return build_on_views(spec, tensor_views(buf, header, "bench"), "bench"), spec.example_input()
+
+
+def _forward(module, x):
+    with torch.no_grad():
+        return module(x)
+
+
+def _forward_fast(module, x):
+    with torch.no_grad(), fast_reads():
+        return module(x)
+
+
+def test_forward_guarded(benchmark, shared_module):
+    """A forward pass over guarded views: every op goes through SharedTensor's __torch_function__."""
+    module, x = shared_module
+    assert type(benchmark(_forward, module, x)) is torch.Tensor
+
+
+def test_forward_fast_reads(benchmark, shared_module):
+    """The same forward in fast_reads(): plain-tensor dispatch (writes are stopped by the OS protection)."""
+    module, x = shared_module
+    out = benchmark(_forward_fast, module, x)
+    assert torch.equal(out, _forward(module, x))

@@ -1,6 +1,11 @@
 """The snapshot format: bitwise round trips of every dtype, safetensors compatibility, corruption detection."""
 
 import json
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,12 +14,13 @@ from safetensors import safe_open
 from safetensors.torch import load as st_load
 
 from policystore import format as fmt
-from policystore.errors import CorruptSnapshotError, InvalidWeightsError
+from policystore.errors import CorruptSnapshotError, InvalidWeightsError, PolicyStoreError
 from policystore.views import tensor_views
 
-DTYPES = [
+DTYPES = [  # all 15 safetensors dtypes
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
-    torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32,
+    torch.uint64,
 ]
 
 
@@ -79,7 +85,7 @@ def test_buffer_is_plain_safetensors(tmp_path):
     with safe_open(path, framework="pt") as f:
         meta = f.metadata()
         assert json.loads(meta[fmt.META_USER]) == {"k": "v"}
-        assert meta[fmt.META_CHECKSUM].startswith("crc32:")
+        assert meta[fmt.META_CHECKSUM].startswith("crc32c:")
         assert same_bits(f.get_tensor("t.bfloat16"), weights["t.bfloat16"])
 
 
@@ -135,3 +141,182 @@ def test_bad_weights_get_named_errors(weights, match):
 def test_meta_must_be_json():
     with pytest.raises(InvalidWeightsError, match="JSON"):
         fmt.pack({"w": torch.zeros(1)}, policy_id="p", meta={"f": object()})
+
+
+def with_metadata(buf: np.ndarray, **changes: str) -> np.ndarray:
+    """``buf`` with its header's metadata changed (re-padded, data moved), as a file writer would rewrite it."""
+    header = fmt.parse_header(buf, name="p")
+    raw = json.loads(bytes(buf[8 : header.data_offset]))
+    raw["__metadata__"].update(changes)
+    text = json.dumps(raw, separators=(",", ":")).encode()
+    text = text.ljust(len(text) + (-(8 + len(text)) % 8), b" ")
+    return np.frombuffer(len(text).to_bytes(8, "little") + text + bytes(buf[header.data_offset :]), np.uint8).copy()
+
+
+def as_legacy_crc32(buf: np.ndarray) -> np.ndarray:
+    """The same snapshot as written before CRC-32C: zlib CRC-32 over the tensor index and the data."""
+    header = fmt.parse_header(buf, name="p")
+    crc = zlib.crc32(memoryview(buf)[header.data_offset :], zlib.crc32(header.index_bytes()))
+    return with_metadata(buf, **{fmt.META_CHECKSUM: f"crc32:{crc:08x}"})
+
+
+def test_checksum_is_crc32c_and_legacy_crc32_buffers_still_verify():
+    buf = fmt.pack({"w": torch.randn(64), "b": np.arange(3, dtype=np.int16)}, policy_id="p", meta={"k": 1})
+    header = fmt.verify_buffer(buf, name="p")
+    assert header.checksum.startswith("crc32c:") and len(header.checksum) == len("crc32c:") + 8
+    legacy = as_legacy_crc32(buf)
+    assert fmt.verify_buffer(legacy, name="p").checksum.startswith("crc32:")
+    legacy[-1] ^= 1
+    with pytest.raises(CorruptSnapshotError, match="checksum"):
+        fmt.verify_buffer(legacy, name="p")
+
+
+def test_crc32c_covers_the_metadata_set_at_pack_time_but_not_the_disk_version():
+    buf = fmt.pack({"w": torch.randn(8)}, policy_id="p", meta={"step": 7})
+    assert fmt.verify_buffer(with_metadata(buf, **{fmt.META_VERSION: "3"}), name="p").metadata[fmt.META_VERSION] == "3"
+    for key, value in [(fmt.META_USER, '{"step":8}'), (fmt.META_POLICY, "q"), (fmt.META_CREATED, "1.0")]:
+        with pytest.raises(CorruptSnapshotError, match="checksum"):
+            fmt.verify_buffer(with_metadata(buf, **{key: value}), name="p")
+
+
+def test_pack_writes_into_the_memory_alloc_supplies():
+    weights = {"a": torch.randn(5, 3), "b": torch.arange(10).reshape(2, 5).t(), "c": np.ones((2, 2), np.float64)}
+    given = []
+
+    def alloc(nbytes: int) -> np.ndarray:
+        given.append(np.zeros(nbytes, np.uint8))
+        return given[-1]
+
+    buf = fmt.pack(weights, policy_id="p", alloc=alloc)
+    assert buf is given[0]
+    views = tensor_views(buf, fmt.verify_buffer(buf, name="p"), "p")
+    assert torch.equal(views["a"], weights["a"]) and torch.equal(views["b"], weights["b"])
+    assert np.array_equal(views["c"].numpy(), weights["c"])
+    with pytest.raises(PolicyStoreError, match="alloc"):
+        fmt.pack(weights, policy_id="p", alloc=lambda n: np.empty(n + 1, np.uint8))
+
+
+def test_format_imports_and_parses_without_torch():
+    """The store and catalog actors hold bytes and names only: format.py must not need torch."""
+    code = textwrap.dedent(f"""
+        import sys, types
+        sys.modules["torch"] = None  # any import of torch now fails
+        pkg = types.ModuleType("policystore")
+        pkg.__path__ = [{str(Path(fmt.__file__).parent)!r}]
+        sys.modules["policystore"] = pkg
+        import numpy as np
+        from policystore import format as fmt
+        arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+        buf = fmt.pack({{"w": arr, "s": np.array(2, np.int64)}}, policy_id="p", meta={{"k": [1]}})
+        header = fmt.verify_buffer(buf, name="p")
+        assert header.tensors["w"].code == "F32" and header.tensors["s"].shape == ()
+        assert header.user_meta == {{"k": [1]}}
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+NUMPY_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+                np.float16, np.float32, np.float64]
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 3, 1)], ids=str)
+def test_numpy_arrays_round_trip_exactly_with_their_shape(shape):
+    rng = np.random.default_rng(0)
+    arrays = {str(np.dtype(d)): rng.integers(0, 2, size=shape).astype(d) for d in NUMPY_DTYPES}
+    buf = fmt.pack(arrays, policy_id="p")
+    header = fmt.verify_buffer(buf, name="p")
+    for name, arr in arrays.items():
+        entry = header.tensors[name]
+        assert entry.shape == shape
+        back = buf[header.data_offset + entry.start : header.data_offset + entry.end].view(entry.numpy_dtype)
+        assert back.reshape(shape).dtype == arr.dtype and np.array_equal(back.reshape(shape), arr), name
+    views = tensor_views(buf, header, "p")
+    assert views["float32"].shape == shape  # a 0-d array stays 0-d, not (1,)
+
+
+class Unpicklable:
+    pass
+
+
+def deep(levels: int) -> dict:
+    meta: dict = {}
+    for _ in range(levels - 1):
+        meta = {"a": meta}
+    return meta
+
+
+@pytest.mark.parametrize(
+    "weights, meta, match",
+    [
+        ({"w": np.arange(4, dtype=">f4")}, None, "byte order"),
+        ({"w": torch.empty(3, device="meta")}, None, "meta device"),
+        ({"w": torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)}, None, "nested"),
+        ({"w": np.ma.masked_array([1.0, 2.0], mask=[0, 1])}, None, "plain numpy"),
+        ({"w": np.zeros(2, dtype=np.complex64)}, None, "not supported"),
+        ({"w": torch.zeros(2)}, {1: "a"}, "key 1 of type int"),
+        ({"w": torch.zeros(2)}, {"a": {2: "b"}}, "key 2 of type int"),
+        ({"w": torch.zeros(2)}, {"a": (1, 2)}, "tuple"),
+        ({"w": torch.zeros(2)}, {"a": {1, 2}}, "set"),
+        ({"w": torch.zeros(2)}, {"a": b"x"}, "bytes"),
+        ({"w": torch.zeros(2)}, {"a": np.float32(1.0)}, "float32"),
+        ({"w": torch.zeros(2)}, {"a": float("nan")}, "NaN"),
+        ({"w": torch.zeros(2)}, {"a": Unpicklable()}, "Unpicklable"),
+        ({"w": torch.zeros(2)}, deep(17), "deeper than 16"),
+        ({"w": torch.zeros(2)}, deep(100_000), "deeper than 16"),
+        ({"w": torch.zeros(2)}, {"a": "x" * 70_000}, "65536-byte limit"),
+        ({"w": torch.zeros(2)}, [("a", 1)], "mapping"),
+    ],
+    ids=["byte-order", "meta-device", "nested", "masked", "complex", "int-key", "nested-int-key", "tuple", "set",
+         "bytes", "numpy-scalar", "nan", "object", "depth-17", "depth-100k", "size", "meta-not-mapping"],
+)
+def test_bad_input_is_refused_by_name_before_anything_is_allocated(weights, meta, match):
+    calls = []
+    with pytest.raises(InvalidWeightsError, match=match):
+        fmt.pack(weights, policy_id="p", meta=meta, alloc=lambda n: calls.append(n) or np.empty(n, np.uint8))
+    assert calls == []
+
+
+def test_meta_round_trips_exactly_at_the_limits():
+    meta = {"nested": deep(15), "list": [1, 2.5, None, True, "s", [{"k": []}]], "big": 10**30, "u": "é☃"}
+    buf = fmt.pack({"w": torch.zeros(1)}, policy_id="p", meta=meta)
+    assert fmt.verify_buffer(buf, name="p").user_meta == meta
+
+
+def crafted(entries: dict, data: bytes, metadata: dict | None = None, pad_to: int = 8) -> np.ndarray:
+    header = dict(entries)
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text = text.ljust(len(text) + (-(8 + len(text)) % pad_to), b" ")
+    return np.frombuffer(len(text).to_bytes(8, "little") + text + data, np.uint8)
+
+
+@pytest.mark.parametrize(
+    "buf, match",
+    [
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0.0, 8.0]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [False, 8]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, -8]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12)), "overlap"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)), "overlap"),
+        (crafted({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, bytes(8)), "malformed"),
+        (crafted({"a": {"dtype": "F32", "shape": [10**12], "data_offsets": [0, 8]}}, bytes(8)), "do not match"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8),
+                 {fmt.META_USER: "[" * 100_000}), "meta is not a JSON object"),
+        (crafted({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8), {"k": 1}), "strings"),
+        (np.frombuffer(b"\x10\x00\x00\x00\x00\x00\x00\x00" + b'{"a":1, "a":2}  ', np.uint8), "duplicate"),
+        (np.frombuffer(b"\x10\x00\x00\x00\x00\x00\x00\x00" + b"[" * 16, np.uint8), "not valid JSON"),
+        (np.frombuffer((2**63).to_bytes(8, "little") + b"{}", np.uint8), "header length"),
+        (np.frombuffer(b"\x05\x00\x00\x00\x00\x00\x00\x00" + b"{}   ", np.uint8), "aligned"),
+    ],
+    ids=["float-offsets", "bool-offset", "float-shape", "negative", "overlap", "same-range", "dtype", "huge-shape",
+         "deep-meta", "non-str-meta", "duplicate-keys", "deep-header", "huge-length", "unaligned"],
+)
+def test_crafted_headers_are_corrupt_not_crashes(buf, match):
+    with pytest.raises(CorruptSnapshotError, match=match):
+        fmt.verify_buffer(buf, name="p")
