@@ -49,3 +49,8 @@ class ReadOnlyWeightsError(PolicyStoreError, RuntimeError):
 
 class ShapeMismatchError(PolicyStoreError, ValueError):
     """A snapshot whose tensors do not fit the module it is loaded into."""
+
+
+class SnapshotFolderError(PolicyStoreError, OSError):
+    """A snapshot folder that cannot be used safely: missing, not a real folder (a symlink), or a private spill
+    folder owned by another user (who could then swap or read the snapshots)."""
