@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
+from policystore.errors import UnknownPolicyError
 from trainer.config import TrainConfig
 from trainer.play import play_game
 from trainer.policy import load_policy
@@ -80,7 +81,7 @@ def test_load_policy_plays_legal_columns(run_dir):
         act(board, 3, None)
     with pytest.raises(ValueError, match="player 2 is not to move"):
         act(board, 2, None)
-    with pytest.raises(KeyError, match="no saved weights for player 'nobody'"):
+    with pytest.raises(UnknownPolicyError, match="no snapshot of 'nobody'"):  # a KeyError, from the store's reader
         load_policy(run_dir, player="nobody")
     snapshot = load_policy(run_dir, player="main_0.s0")
     assert 0 <= snapshot(np.zeros((6, 7), np.int8), 1, None) < 7

@@ -1,60 +1,38 @@
 """Playing a trained agent outside the trainer: ``load_policy(run_dir)`` -> ``act(board, player, legal)``.
 
-Reads the run directory's store spill files directly (the store's on-disk format: one safetensors buffer
-per snapshot, lz4-framed when compressed, checksum in the header), so it needs no Ray and no running store.
+Reads the run directory's store folder through the store's Ray-free reader (``policystore.reader``), which
+verifies every file before serving it, so it needs no Ray and no running store.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import lz4.frame
 import numpy as np
-from safetensors.torch import load as load_safetensors
 
 from league.connect4 import COLS, VecConnectFour, observation_planes
 from league.constants import DEFAULT_PLAYER
 from league.games import CONNECT4, get_game
 from league.model import PolicyNet, act
-from policystore.format import verify_buffer
+from policystore.reader import open_folder
 from trainer.rundir import RunDir
-
-_FILE = re.compile(r"^(\d+)\.safetensors(\.lz4)?$")
 
 Act = Callable[[np.ndarray, int, Sequence[int] | np.ndarray | None], int]
 
 
-def _versions(folder: Path) -> dict[int, Path]:
-    found = {}
-    for path in folder.glob("*.safetensors*"):
-        m = _FILE.match(path.name)
-        if m:
-            found[int(m.group(1))] = path
-    return found
-
-
 def load_net(run_dir: str | Path, player: str | None = None, version: int | str = "latest") -> PolicyNet:
     """The policy net of ``player`` (a trainable player such as ``main_0`` or a snapshot such as
-    ``main_0.s3``; ``None`` = the first main agent) at a store version (``"latest"`` or an int)."""
+    ``main_0.s3``; ``None`` = the first main agent) at a store version (``"latest"`` or an int).
+
+    Raises the store's ``UnknownPolicyError``/``UnknownVersionError`` (both ``KeyError``s) naming what is there,
+    and ``CorruptSnapshotError`` for a file that does not verify."""
     rd = RunDir(run_dir)
     config = rd.load_config()
-    player = player or DEFAULT_PLAYER
-    folder = rd.store / player
-    versions = _versions(folder) if folder.is_dir() else {}
-    if not versions:
-        known = sorted(p.name for p in rd.store.iterdir() if p.is_dir()) if rd.store.is_dir() else []
-        raise KeyError(f"no saved weights for player {player!r} in {run_dir}; players with weights: {known}")
-    if version == "latest":
-        version = max(versions)
-    if not isinstance(version, int) or version not in versions:
-        raise KeyError(f"player {player!r} has no version {version!r} on disk; versions: {sorted(versions)}")
-    path = versions[version]
-    data = lz4.frame.decompress(path.read_bytes()) if path.name.endswith(".lz4") else path.read_bytes()
-    verify_buffer(np.frombuffer(data, dtype=np.uint8), name=f"{player} v{version} ({path})")
+    with open_folder(rd.store) as folder:
+        weights = folder.tensors(player or DEFAULT_PLAYER, None if version == "latest" else version)
     net = get_game(config.game).net(config.hidden)
-    net.load_state_dict(load_safetensors(data))
+    net.load_state_dict(weights)
     return net.eval()
 
 
