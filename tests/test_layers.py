@@ -17,6 +17,8 @@ conftest.py fixtures or a helper module.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +142,31 @@ def test_rules_package_never_imports_ray(package):
     uses = [w for m, targets in GRAPH.items() if layer(m) == package
             for t, w in targets.items() if t == "external:ray"]
     assert uses == []
+
+
+def test_rules_package_imports_without_ray():
+    """Not only no direct import: importing all of ``league`` loads neither Ray nor anything that starts it."""
+    modules = sorted(m for m in FILES if layer(m) == "league")
+    code = f"import sys; import {', '.join(modules)}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
+def test_only_the_store_touches_torch_internals():
+    """``torch._C`` (e.g. turning the views' write guard off) belongs to policystore; others use its public API
+    (``policystore.views.fast_reads``)."""
+    found = []
+    for module, path in FILES.items():
+        if layer(module) in ("policystore", "policystore.rllib"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "_C" and isinstance(node.value, ast.Name) \
+                    and node.value.id == "torch":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch._C"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
