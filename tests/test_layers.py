@@ -7,7 +7,8 @@ Layers, bottom up (a package may import only those listed for it; see docs/archi
     league               games, the policy net, GAE and the league's rules: pure, never Ray
     workers              rollout clients: the store and the rules, never the trainer
     trainer              the driver: league actor, learner shards, display, report
-    benchmarks, examples outside, on top
+    examples             outside: scripts that use the store (and its RLlib adapter)
+    benchmarks           outside, on top: they measure the store, the trainer and the examples
 
 Every import statement counts, those inside functions too (a lazy import still ties two modules together).
 Tests may import any package but neither benchmarks nor other test modules: what tests share lives in
@@ -31,8 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "league": {"policystore"},
     "workers": {"policystore", "league"},
     "trainer": {"policystore", "league", "workers"},
-    "benchmarks": {"policystore", "policystore.rllib", "league", "workers", "trainer"},
     "examples": {"policystore", "policystore.rllib", "league", "workers", "trainer"},
+    "benchmarks": {"policystore", "policystore.rllib", "league", "workers", "trainer", "examples"},
 }
 RAY_FREE = ("league",)
 
