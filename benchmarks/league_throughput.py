@@ -37,10 +37,10 @@ from trainer.config import TrainConfig
 from trainer.report import memory_report
 from trainer.run import Trainer
 from trainer.rundir import prepare_run_dir
+from workers.modules import MODES, PRIVATE, STORE
 
 from . import harness
 
-MODES = ("store", "private")
 POINTS = ("training", "forward")
 TRAINING_COLUMNS = ["env_steps_per_s", "learner_samples_per_s", "frozen_snapshots", "worker_pss_mib",
                     "store_hot_mib", "private_copies_mib"]
@@ -89,7 +89,7 @@ def forward_points(modes: list[str], batch: int, hidden: int, rounds: int, calls
         store = policystore.connect(policystore.StoreConfig(spill_dir=str(spill)))
         net = PolicyNet(hidden)
         store.publish("bench_forward", net.state_dict())
-        modules = {"store": store.load_module("bench_forward", lambda: PolicyNet(hidden)), "private": net.eval()}
+        modules = {STORE: store.load_module("bench_forward", lambda: PolicyNet(hidden)), PRIVATE: net.eval()}
         planes = np.random.default_rng(0).random((batch, NUM_PLANES, ROWS, COLS)).astype(np.float32)
         legal = np.ones((batch, COLS), dtype=bool)
         x = torch.from_numpy(planes)

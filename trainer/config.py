@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from league.games import CONNECT4
 from league.matchmaking import LeagueConfig
 from trainer.ppo import PPOConfig
+from workers.modules import STORE
 
 DEFAULT_MINUTES = 9.0
 # Keys that older versions wrote into config.json and nothing reads any more: dropped on load, so that their run
@@ -20,7 +22,7 @@ RETIRED_KEYS = frozenset({"expected_steps_per_s"})
 @dataclass
 class TrainConfig:
     minutes: float = DEFAULT_MINUTES
-    game: str = "connect4"           # or "pettingzoo:<classic env>" (the pettingzoo extra)
+    game: str = CONNECT4.name        # or "pettingzoo:<classic env>" (the pettingzoo extra)
     seed: int = 0
     workers: int = 1
     games_per_match: int = 512
@@ -28,7 +30,7 @@ class TrainConfig:
     league: LeagueConfig = field(default_factory=LeagueConfig)
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=4, batch=8192, minibatch=2048))
     publish_every: int = 1           # learner updates between published versions
-    weights: str = "store"           # workers' policies: store views; "private" copies (benchmark only)
+    weights: str = STORE             # workers' policies: store views; PRIVATE copies (benchmark only)
     learner_cpus: float = 0.25       # Ray resources per learner shard (they only reserve, not limit)
     learner_gpus: float = 0.0        # per shard; fractions let shards share one GPU
     worker_cpus: float = 0.5

@@ -17,10 +17,10 @@ import ray
 import torch
 
 import policystore
-from league.games import get_game
+from league.games import CONNECT4, get_game
 from league.matchmaking import Match, MatchResult
 from policystore.memory import MiB, process_pss_bytes
-from workers.modules import SnapshotModules
+from workers.modules import STORE, SnapshotModules
 from workers.play import net_policy, play
 
 
@@ -30,8 +30,8 @@ class WorkerConfig:
     hidden: int = 128
     gamma: float = 0.99
     gae_lambda: float = 0.95
-    weights: str = "store"      # "private": copy every policy into the worker (benchmark comparison only)
-    game: str = "connect4"
+    weights: str = STORE        # PRIVATE: copy every policy into the worker (benchmark comparison only)
+    game: str = CONNECT4.name
     module_cache: int = 16      # modules (views) kept per worker
 
 
