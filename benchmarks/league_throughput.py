@@ -122,14 +122,15 @@ def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, 
 def medians_table(rows: list[dict[str, Any]]) -> str:
     """Per training point, the medians over its repeats (and the spread of the rate): the figures to quote."""
     lines = ["Medians over repeats:", "", "| mode | workers | runs | env steps/s | min..max | learner samples/s "
-             "| frozen snapshots | worker PSS MiB | store hot MiB | private copies MiB |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+             "| frozen snapshots | worker PSS MiB | store hot MiB | private copies MiB | load (1 min) |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for (mode, workers), group in grouped(rows).items():
         med = {k: float(np.median([r[k] for r in group])) for k in TRAINING_COLUMNS}
         rates = [r["env_steps_per_s"] for r in group]
         lines.append(f"| {mode} | {workers} | {len(group)} | {med['env_steps_per_s']:,.0f} | {min(rates):,.0f}.."
                      f"{max(rates):,.0f} | {med['learner_samples_per_s']:,.0f} | {med['frozen_snapshots']:.0f} "
-                     f"| {med['worker_pss_mib']:.1f} | {med['store_hot_mib']:.2f} | {med['private_copies_mib']:.2f} |")
+                     f"| {med['worker_pss_mib']:.1f} | {med['store_hot_mib']:.2f} | {med['private_copies_mib']:.2f} "
+                     f"| {', '.join(str(r['loadavg_1m']) for r in group)} |")
     return "\n".join(lines)
 
 
