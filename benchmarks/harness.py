@@ -28,7 +28,8 @@ from typing import Any
 
 import psutil
 
-MiB = 1024 * 1024
+from policystore.memory import MiB  # noqa: F401  (re-exported: benchmarks take their units from here)
+
 START_ATTEMPTS = 2  # ray.init times out now and then when other jobs saturate the machine
 log = logging.getLogger("benchmarks")
 

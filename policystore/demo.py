@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     console = Console()
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    # address="local": a fresh local Ray, never a cluster that `ray start` left running on this machine.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     store = policystore.connect(policystore.StoreConfig(spill_dir=tempfile.mkdtemp(prefix="policystore-demo-")))
     workers = [RolloutWorker.remote(args.size_mib) for _ in range(args.workers)]
     ray.get([w.__ray_ready__.remote() for w in workers])

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import psutil
 import ray
 
-MiB = 1024 * 1024
+MiB = 1024 * 1024  # the one definition: the trainer, workers, benchmarks and tests take it from here
 
 
 def _session_dir() -> str | None:

@@ -26,17 +26,23 @@ EXPECTED = {
     "fetch_latency": ["snapshot_mib", "samples", "p50_ms", "p99_ms", "loadavg_1m"],
     "spill_restore": ["snapshot_mib", "loadavg_1m"],  # plus the keys of its row type, below
     "publish": ["snapshot_mib", "memcpy_ms", "publish_ms", "durable_ms", "publish_x_memcpy"],
+    "league_throughput": ["loadavg_1m"],  # plus the keys of its row kind, below
 }
-SPILL_ROW_KEYS = {
+ROW_KEYS = {  # per row type (spill_restore's "row", league_throughput's "bench")
     "ratio": ["lz4_ratio"],
     "restore": ["restore_gbps", "tier_gbps", "raw_read_gbps", "ratio", "tier_ratio", "file_bytes"],
+    "league_training": ["workers", "env_steps", "env_steps_per_s", "learner_samples_per_s", "frozen_snapshots",
+                        "worker_pss_mib", "store_hot_mib", "private_copies_mib"],
+    "forward": ["batch", "hidden", "forward_us"],
 }
+# The quick run, made shorter still where a benchmark's --quick trains for real (the trainer's own tests cover it).
+EXTRA_ARGS = {"league_throughput": ["--seconds", "5", "--modes", "store"]}
 
 
 def quick_run(name: str, out: Path) -> subprocess.CompletedProcess:
     """``python -m benchmarks.<name> --quick --out <out>``, as CI and users run it."""
     return subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out)],
+        [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out), *EXTRA_ARGS.get(name, [])],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
     )
 
@@ -61,7 +67,7 @@ def test_quick_run_writes_results(name, tmp_path):
     assert rows, "no measured point"
     for row in rows:
         assert row["benchmark"] == name
-        keys = EXPECTED[name] + SPILL_ROW_KEYS.get(row.get("row"), [])
+        keys = EXPECTED[name] + ROW_KEYS.get(row.get("row"), []) + ROW_KEYS.get(row.get("bench"), [])
         for key in keys:
             assert isinstance(row[key], (int, float)) and math.isfinite(row[key]), (key, row)
     record = json.loads((out / "results.json").read_text())
@@ -81,3 +87,7 @@ def test_quick_run_writes_results(name, tmp_path):
         ratio = {r["kind"]: r for r in rows if r["row"] == "ratio"}
         assert ratio["pruned"]["lz4_ratio"] < 0.6 and ratio["pruned"]["stored_compressed"]
         assert not ratio["random"]["stored_compressed"]
+    if name == "league_throughput":  # a training point, then the forward pass called both ways
+        assert [r["bench"] for r in rows] == ["league_training"] + ["forward"] * 2
+        forward = {(r["mode"], r["path"]) for r in rows if r["bench"] == "forward"}
+        assert forward == {("store", "module"), ("store", "act")}

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from trainer.baselines import random_player, win_block_player, winning_columns
-from trainer.connect4 import COLS, ROWS, VecConnectFour, canonical, is_win
+from league.baselines import random_player, win_block_player, winning_columns
+from league.connect4 import COLS, ROWS, VecConnectFour, canonical, is_win
 
 
 def play(env: VecConnectFour, columns: list[int], game: int = 0):

@@ -6,10 +6,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from trainer.elo import Elo
-from trainer.league import League, LeagueConfig, MatchResult
-from trainer.payoff import Payoff
-from trainer.pfsp import pfsp_probs, remove_monotonic_suffix
+from league.elo import Elo
+from league.matchmaking import League, LeagueConfig, MatchResult
+from league.payoff import Payoff
+from league.pfsp import pfsp_probs, remove_monotonic_suffix
 
 # ---- PFSP ----------
 
@@ -114,9 +114,16 @@ def test_elo_moves_ratings_towards_results_and_is_zero_sum():
 
 
 def serve(league: League) -> None:
-    """Publish every requested snapshot (what the trainer does with the learners)."""
+    """Publish every requested snapshot (what the trainer's league actor has the learners do)."""
     for request in league.pop_requests():
         league.add_snapshot(request)
+
+
+def snapshot_now(league: League, player: str) -> None:
+    """Have ``player`` take its next snapshot: report a match without games that uses up its whole step budget."""
+    opponent = league.snapshots()[0]
+    league.report(MatchResult(player, opponent, wins=0, draws=0, losses=0, steps=league.budgets[player]))
+    serve(league)
 
 
 def set_rate(league: League, a: str, b: str, rate: float, games: int = 100) -> None:
@@ -164,8 +171,7 @@ def test_main_agent_mixes_pfsp_and_self_play():
     assert c["main_0"] / 4000 == pytest.approx(0.5, abs=0.03)
     # A forgotten past self (beaten < 70%, and less often than a newer snapshot) also gets the 15%
     # verification share.
-    league._request("main_0", reset=False)
-    serve(league)
+    snapshot_now(league, "main_0")
     set_rate(league, "main_0", "main_0.s0", 0.5, games=2000)
     set_rate(league, "main_0", "main_0.s1", 0.9, games=2000)
     c = counts(league, "main_0")
@@ -176,8 +182,7 @@ def test_main_agent_mixes_pfsp_and_self_play():
 def test_main_agent_verifies_against_exploiters_it_loses_to():
     league = League(seed=2)
     serve(league)
-    league._request("main_exploiter_0", reset=True)
-    serve(league)
+    snapshot_now(league, "main_exploiter_0")
     set_rate(league, "main_0", "main_0.s0", 0.95)
     set_rate(league, "main_0", "main_exploiter_0.s0", 0.1)
     c = counts(league, "main_0")
@@ -208,8 +213,7 @@ def test_main_exploiter_plays_mains_until_it_cannot_win():
 def test_league_exploiter_uses_pfsp_hard_over_snapshots():
     league = League(seed=5)
     serve(league)
-    league._request("main_exploiter_0", reset=True)
-    serve(league)
+    snapshot_now(league, "main_exploiter_0")
     set_rate(league, "league_exploiter_0", "main_0.s0", 0.5)
     set_rate(league, "league_exploiter_0", "main_exploiter_0.s0", 0.8)
     c = counts(league, "league_exploiter_0")

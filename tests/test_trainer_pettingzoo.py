@@ -6,8 +6,8 @@ import torch
 
 pytest.importorskip("pettingzoo.classic.tictactoe_v3", reason="needs the pettingzoo extra")
 
+from league.games import get_game  # noqa: E402
 from trainer.evaluate import evaluate  # noqa: E402
-from trainer.games import get_game  # noqa: E402
 from trainer.ppo import PPO, PPOConfig  # noqa: E402
 from workers.play import net_policy, play  # noqa: E402
 

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+from league.connect4 import COLS, NUM_PLANES, ROWS
+from league.gae import gae
+from league.model import PolicyNet, act, masked_logits
 from trainer.checkpoint import has_learner, load_learner, save_learner
-from trainer.connect4 import COLS, NUM_PLANES, ROWS
 from trainer.learner import choose_device, host_weights
-from trainer.model import PolicyNet, act, masked_logits
-from trainer.ppo import PPO, PPOConfig, gae, ppo_loss
+from trainer.ppo import PPO, PPOConfig, ppo_loss
 
 
 def test_gae_matches_a_hand_computed_episode():

@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
-from trainer.baselines import random_player
-from trainer.connect4 import VecConnectFour, observation_planes
-from trainer.model import PolicyNet
+from league.baselines import random_player
+from league.connect4 import VecConnectFour, observation_planes
+from league.model import PolicyNet
 from workers.play import net_policy, play, scripted_policy
 
 

@@ -1,27 +1,26 @@
-"""Learner shards and rollout workers on a real local Ray with the real node store."""
+"""Learner shards, the league actor and rollout workers on a real local Ray with the real node store."""
 
 import numpy as np
 import pytest
 import ray
 import torch
 
-import policystore
-from trainer.connect4 import COLS, NUM_PLANES, ROWS
-from trainer.league import League, LeagueConfig
+from league.connect4 import COLS, NUM_PLANES, ROWS
+from league.constants import FROZEN_META_KEY, HISTORICAL
+from league.matchmaking import LeagueConfig
+from trainer.league_actor import LeagueActor
 from trainer.learner import LearnerShard
 from trainer.ppo import PPOConfig
-from trainer.run import serve_snapshot_requests
 from workers.rollout import RolloutWorker, WorkerConfig
 
 HIDDEN = 16
 PPO_SMALL = PPOConfig(batch=256, minibatch=128, epochs=1)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    ray.init(address="local", num_cpus=2, object_store_memory=512 * 2**20, include_dashboard=False)
-    yield policystore.connect(policystore.StoreConfig(spill_dir=str(tmp_path_factory.mktemp("spill"))))
-    ray.shutdown()
+@pytest.fixture
+def store(make_store):
+    """A fresh node store per test: learners publish under the same player names in every test."""
+    return make_store()
 
 
 def shard(name: str, checkpoints, **options):
@@ -55,7 +54,7 @@ def test_learner_publishes_versions_snapshots_and_resets(store, tmp_path):
     assert [i.id.version for i in store.list() if i.id.policy_id == "lrn_main"] == [3, 4]
     sid = ray.get(learner.snapshot.remote("lrn_main.s0"))
     frozen = store.get("lrn_main.s0")
-    assert sid == frozen.id and frozen.meta["frozen"] is True
+    assert sid == frozen.id and frozen.meta[FROZEN_META_KEY] is True
     assert all(torch.equal(frozen[k], latest[k]) for k in latest)
     assert any(i.id == sid and i.on_disk for i in store.list())         # durable: on disk at return
     ray.get(learner.reset.remote())
@@ -74,13 +73,12 @@ def test_learner_trains_on_a_fractional_gpu_and_publishes_host_copies(store, tmp
     assert snap.id.version == 2 and all(t.device.type == "cpu" for t in snap.values())
 
 
-def start_league(store, tmp_path, mode: str):
-    config = LeagueConfig(main_exploiters=1, league_exploiters=0)
-    league = ray.remote(League).options(num_cpus=0).remote(config, 0)
+def start_league(tmp_path, mode: str, first_run_steps: int = 1_000_000):
+    config = LeagueConfig(main_exploiters=1, league_exploiters=0, first_run_steps=first_run_steps)
+    league = ray.remote(LeagueActor).options(num_cpus=0).remote(config, 0)
     names = ray.get(league.trainable.remote())
     learners = {n: shard(n, tmp_path / mode) for n in names}
-    # Both parametrized leagues publish under the same ids in this module's store: versions just grow.
-    serve_snapshot_requests(league, learners)
+    assert ray.get(league.serve.remote(learners)) == ["main_0.s0"]  # published before any match needs it
     worker = ray.remote(RolloutWorker).options(num_cpus=0.1).remote(
         league, learners, WorkerConfig(games_per_match=64, hidden=HIDDEN, weights=mode), 0)
     return league, learners, worker
@@ -88,11 +86,11 @@ def start_league(store, tmp_path, mode: str):
 
 @pytest.mark.parametrize("mode", ["store", "private"])
 def test_worker_plays_league_matches_and_feeds_learners(store, tmp_path, mode):
-    league, learners, worker = start_league(store, tmp_path, mode)
+    league, learners, worker = start_league(tmp_path, mode)
     stats = ray.get(worker.run.remote(3.0))
     assert stats["matches"] >= 3 and stats["steps"] > 0
     summary = ray.get(league.summary.remote())
-    assert sum(r["steps"] for r in summary if r["kind"] != "historical") == stats["steps"]
+    assert sum(r["steps"] for r in summary if r["kind"] != HISTORICAL) == stats["steps"]
     samples = ray.get([learner.stats.remote() for learner in learners.values()])
     assert sum(s["updates"] for s in samples) > 0                       # trajectories reached the learners
     modules = ray.get(worker.module_report.remote())
@@ -102,3 +100,16 @@ def test_worker_plays_league_matches_and_feeds_learners(store, tmp_path, mode):
         assert all(m["shared"] for m in modules)
     else:
         assert not any(m["shared"] for m in modules)
+
+
+def test_league_has_learners_publish_its_snapshots_without_the_driver(store, tmp_path):
+    # Budgets of a few hundred steps: the league asks for snapshots during the first matches.
+    league, learners, worker = start_league(tmp_path, "store", first_run_steps=2_000)
+    ray.get(worker.run.remote(3.0))
+    added = ray.get(league.settle.remote())
+    snapshots = [r for r in ray.get(league.summary.remote()) if r["kind"] == HISTORICAL]
+    assert len(snapshots) > 1 and set(added) <= {r["name"] for r in snapshots}
+    for row in snapshots:  # every snapshot in the league is a frozen, durable policy in the store
+        snap = store.get(row["name"])
+        assert snap.meta[FROZEN_META_KEY] is True and snap.meta["player"] == row["parent"]
+        assert any(i.id == snap.id and i.on_disk for i in store.list(row["name"]))

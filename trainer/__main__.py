@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from league.matchmaking import LeagueConfig
 from trainer.config import DEFAULT_MINUTES, TrainConfig
-from trainer.league import LeagueConfig
 from trainer.run import train
 
 

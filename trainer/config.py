@@ -8,16 +8,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.league import LeagueConfig
+from league.games import CONNECT4
+from league.matchmaking import LeagueConfig
 from trainer.ppo import PPOConfig
+from workers.modules import STORE
 
 DEFAULT_MINUTES = 9.0
+# Keys that older versions wrote into config.json and nothing reads any more: dropped on load, so that their run
+# directories still resume, evaluate and play. (The snapshot budgets' first guess is LeagueConfig.first_run_steps.)
+RETIRED_KEYS = frozenset({"expected_steps_per_s"})
 
 
 @dataclass
 class TrainConfig:
     minutes: float = DEFAULT_MINUTES
-    game: str = "connect4"           # or "pettingzoo:<classic env>" (the pettingzoo extra)
+    game: str = CONNECT4.name        # or "pettingzoo:<classic env>" (the pettingzoo extra)
     seed: int = 0
     workers: int = 1
     games_per_match: int = 512
@@ -25,14 +30,13 @@ class TrainConfig:
     league: LeagueConfig = field(default_factory=LeagueConfig)
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=4, batch=8192, minibatch=2048))
     publish_every: int = 1           # learner updates between published versions
-    weights: str = "store"           # workers' policies: store views; "private" copies (benchmark only)
+    weights: str = STORE             # workers' policies: store views; PRIVATE copies (benchmark only)
     learner_cpus: float = 0.25       # Ray resources per learner shard (they only reserve, not limit)
     learner_gpus: float = 0.0        # per shard; fractions let shards share one GPU
     worker_cpus: float = 0.5
     eval_games: int = 200            # per seat, for the live win rate against random / win-block
     eval_every_s: float = 20.0
     checkpoint_every_s: float = 60.0
-    expected_steps_per_s: float = 8000.0  # budgets' first guess, replaced by the measured rate
     num_cpus: int | None = None      # for the local Ray this command starts (None: all cores)
     object_store_mib: int = 1024
     hot_capacity_mib: int = 256      # the store's hot tier
@@ -51,10 +55,10 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
+        unknown = set(data) - known - RETIRED_KEYS
         if unknown:
             raise ValueError(f"unknown config keys {sorted(unknown)}")
-        data = dict(data)
+        data = {k: v for k, v in data.items() if k not in RETIRED_KEYS}
         data["league"] = LeagueConfig(**data.get("league", {}))
         data["ppo"] = PPOConfig(**data.get("ppo", {}))
         return cls(**data)

@@ -12,9 +12,11 @@ import json
 import numpy as np
 from torch import nn
 
-from trainer.baselines import BASELINES
-from trainer.games import CONNECT4, Game, get_game
-from trainer.policy import load_net, run_config
+from league.baselines import BASELINES
+from league.constants import DEFAULT_PLAYER
+from league.games import CONNECT4, Game, get_game
+from trainer.policy import load_net
+from trainer.rundir import RunDir
 from workers.play import net_policy, play, scripted_policy
 
 
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, help="a directory written by `python -m trainer`")
-    parser.add_argument("--player", default=None, help="player or snapshot name (default: main_0)")
+    parser.add_argument("--player", default=DEFAULT_PLAYER, help=f"player or snapshot name (default: {DEFAULT_PLAYER})")
     parser.add_argument("--version", default="latest", help="store version of the player (default: latest)")
     parser.add_argument("--games", type=int, default=1000, help="games per seat and opponent (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
@@ -47,11 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     version = args.version if args.version == "latest" else int(args.version)
     net = load_net(args.run_dir, args.player, version)
-    results = evaluate(net, get_game(run_config(args.run_dir).game), args.games, args.seed)
+    results = evaluate(net, get_game(RunDir(args.run_dir).load_config().game), args.games, args.seed)
     if args.json:
-        print(json.dumps({"player": args.player or "main_0", "version": args.version, **results}))
+        print(json.dumps({"player": args.player, "version": args.version, **results}))
         return
-    print(f"{args.player or 'main_0'} ({args.version}), {2 * args.games} games per opponent, both seats:")
+    print(f"{args.player} ({args.version}), {2 * args.games} games per opponent, both seats:")
     for name, r in results.items():
         print(f"  vs {name:9s} win {r['win']:6.1%}  draw {r['draw']:6.1%}  loss {r['loss']:6.1%}   "
               f"(win moving first {r['win_first']:.1%}, second {r['win_second']:.1%})")

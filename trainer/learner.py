@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 import policystore
+from league.constants import FROZEN_META_KEY
+from league.games import CONNECT4, get_game
 from trainer.checkpoint import has_learner, load_learner, load_weights, save_learner, save_weights
-from trainer.games import get_game
 from trainer.ppo import PPO, PPOConfig
 
 
@@ -35,7 +36,7 @@ class LearnerShard:
     """PPO for one player. Keep the methods short: workers wait on ``add`` for back-pressure."""
 
     def __init__(self, player: str, checkpoint_dir: str, ppo: PPOConfig, hidden: int, seed: int,
-                 publish_every: int = 1, resume: bool = False, game: str = "connect4"):
+                 publish_every: int = 1, resume: bool = False, game: str = CONNECT4.name):
         torch.set_num_threads(1)
         self.player = player
         self.dir = Path(checkpoint_dir)
@@ -88,7 +89,7 @@ class LearnerShard:
 
     def snapshot(self, name: str) -> policystore.SnapshotId:
         """Freeze the current weights as their own store policy ``name``, durable on disk."""
-        return self.store.publish(name, host_weights(self.ppo.net), meta=self._meta() | {"frozen": True},
+        return self.store.publish(name, host_weights(self.ppo.net), meta=self._meta() | {FROZEN_META_KEY: True},
                                   durable=True)
 
     def reset(self) -> None:

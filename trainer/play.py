@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from trainer.connect4 import COLS, VecConnectFour
+from league.connect4 import COLS, VecConnectFour
+from league.constants import DEFAULT_PLAYER
 from trainer.policy import load_policy
 
 SYMBOLS = {0: ".", 1: "X", 2: "O"}
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trainer.play", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, help="a directory written by `python -m trainer`")
-    parser.add_argument("--player", default=None, help="player or snapshot to play (default: main_0)")
+    parser.add_argument("--player", default=None, help=f"player or snapshot to play (default: {DEFAULT_PLAYER})")
     parser.add_argument("--second", action="store_true", help="let the agent move first")
     args = parser.parse_args(argv)
     agent = load_policy(args.run_dir, args.player)

@@ -1,67 +1,38 @@
 """Playing a trained agent outside the trainer: ``load_policy(run_dir)`` -> ``act(board, player, legal)``.
 
-Reads the run directory's store spill files directly (the store's on-disk format: one safetensors buffer
-per snapshot, lz4-framed when compressed, checksum in the header), so it needs no Ray and no running store.
+Reads the run directory's store folder through the store's Ray-free reader (``policystore.reader``), which
+verifies every file before serving it, so it needs no Ray and no running store.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import lz4.frame
 import numpy as np
-from safetensors.torch import load as load_safetensors
 
-from policystore.format import verify_buffer
-from trainer.config import TrainConfig
-from trainer.connect4 import COLS, VecConnectFour, observation_planes
-from trainer.games import CONNECT4, get_game
-from trainer.model import PolicyNet, act
-
-_FILE = re.compile(r"^(\d+)\.safetensors(\.lz4)?$")
+from league.connect4 import COLS, VecConnectFour, observation_planes
+from league.constants import DEFAULT_PLAYER
+from league.games import CONNECT4, get_game
+from league.model import PolicyNet, act
+from policystore.reader import open_folder
+from trainer.rundir import RunDir
 
 Act = Callable[[np.ndarray, int, Sequence[int] | np.ndarray | None], int]
 
 
-def _versions(folder: Path) -> dict[int, Path]:
-    found = {}
-    for path in folder.glob("*.safetensors*"):
-        m = _FILE.match(path.name)
-        if m:
-            found[int(m.group(1))] = path
-    return found
-
-
-def run_config(run_dir: str | Path) -> TrainConfig:
-    config_path = Path(run_dir) / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(f"{run_dir} is not a trainer run directory (no config.json)")
-    return TrainConfig.load(config_path)
-
-
 def load_net(run_dir: str | Path, player: str | None = None, version: int | str = "latest") -> PolicyNet:
     """The policy net of ``player`` (a trainable player such as ``main_0`` or a snapshot such as
-    ``main_0.s3``; ``None`` = the first main agent) at a store version (``"latest"`` or an int)."""
-    run_dir = Path(run_dir)
-    config = run_config(run_dir)
-    player = player or "main_0"
-    folder = run_dir / "store" / player
-    versions = _versions(folder) if folder.is_dir() else {}
-    if not versions:
-        store = run_dir / "store"
-        known = sorted(p.name for p in store.iterdir() if p.is_dir()) if store.is_dir() else []
-        raise KeyError(f"no saved weights for player {player!r} in {run_dir}; players with weights: {known}")
-    if version == "latest":
-        version = max(versions)
-    if not isinstance(version, int) or version not in versions:
-        raise KeyError(f"player {player!r} has no version {version!r} on disk; versions: {sorted(versions)}")
-    path = versions[version]
-    data = lz4.frame.decompress(path.read_bytes()) if path.name.endswith(".lz4") else path.read_bytes()
-    verify_buffer(np.frombuffer(data, dtype=np.uint8), name=f"{player} v{version} ({path})")
+    ``main_0.s3``; ``None`` = the first main agent) at a store version (``"latest"`` or an int).
+
+    Raises the store's ``UnknownPolicyError``/``UnknownVersionError`` (both ``KeyError``s) naming what is there,
+    and ``CorruptSnapshotError`` for a file that does not verify."""
+    rd = RunDir(run_dir)
+    config = rd.load_config()
+    with open_folder(rd.store) as folder:
+        weights = folder.tensors(player or DEFAULT_PLAYER, None if version == "latest" else version)
     net = get_game(config.game).net(config.hidden)
-    net.load_state_dict(load_safetensors(data))
+    net.load_state_dict(weights)
     return net.eval()
 
 
@@ -71,8 +42,9 @@ def load_policy(run_dir: str | Path, player: str | None = None, version: int | s
     ``board``: ``(6, 7)`` int8, row 0 the top row, 0 empty, 1/2 the players' stones; ``player_to_move``: 1
     or 2; ``legal_actions``: columns allowed (default: every column that is not full).
     """
-    if run_config(run_dir).game != CONNECT4.name:
-        raise ValueError(f"load_policy plays Connect Four boards; {run_dir} trained {run_config(run_dir).game!r}")
+    game = RunDir(run_dir).load_config().game
+    if game != CONNECT4.name:
+        raise ValueError(f"load_policy plays Connect Four boards; {run_dir} trained {game!r}")
     net = load_net(run_dir, player, version)
 
     def act_on(board: np.ndarray, player_to_move: int, legal_actions: Sequence[int] | np.ndarray | None = None

@@ -1,4 +1,7 @@
-"""PPO with action masking (clipped objective, GAE), CleanRL-style: one function per idea."""
+"""PPO with action masking (clipped objective), CleanRL-style: one function per idea.
+
+The advantages arrive with the batch: the rollout workers compute them with ``league.gae``.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.model import masked_logits
+from league.model import masked_logits
 
 BATCH_KEYS = ("planes", "legal", "actions", "logp", "advantages", "returns")
 
@@ -31,26 +34,6 @@ class PPOConfig:
             raise ValueError(f"minibatch ({self.minibatch}) must not exceed batch ({self.batch})")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError("gamma must lie in (0, 1] and gae_lambda in [0, 1]")
-
-
-def gae(values: np.ndarray, lengths: np.ndarray, final_reward: np.ndarray, gamma: float,
-        lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """Advantages and returns for a batch of finished episodes, one row each.
-
-    ``values`` is ``(episodes, T)`` with each episode's values left-aligned (``lengths`` of them); the only
-    reward is ``final_reward`` after an episode's last move. Entries past an episode's end come back as 0.
-    """
-    episodes, steps = values.shape
-    advantages = np.zeros_like(values, dtype=np.float32)
-    running = np.zeros(episodes, dtype=np.float32)
-    for t in reversed(range(steps)):
-        last = t == lengths - 1
-        next_value = values[:, t + 1] if t + 1 < steps else np.zeros(episodes, dtype=values.dtype)
-        delta = np.where(last, final_reward - values[:, t], gamma * next_value - values[:, t])
-        running = delta + gamma * lam * np.where(last, 0.0, running)
-        advantages[:, t] = np.where(t < lengths, running, 0.0)
-    returns = np.where(np.arange(steps)[None, :] < lengths[:, None], advantages + values, 0.0)
-    return advantages, returns.astype(np.float32)
 
 
 def ppo_loss(net: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOConfig) -> tuple[torch.Tensor, dict]:

@@ -1,4 +1,4 @@
-"""End-of-run report: players table, payoff heatmap, learning curve, store memory report."""
+"""End-of-run report: players table, payoff heatmap, learning curve, store memory report, report.json."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any
 import matplotlib
 import numpy as np
 from rich.table import Table
+
+from league.constants import DEFAULT_PLAYER, HISTORICAL, is_frozen
+from policystore.memory import MiB
 
 
 def pyplot():
@@ -33,14 +36,14 @@ def players_table(rows: list[dict[str, Any]]) -> Table:
         table.add_column(col, justify="right" if col in ("Elo", "env steps") else "left")
     for r in sorted(rows, key=lambda r: -r["elo"]):
         table.add_row(r["name"], r["kind"], r["parent"] or "", f"{r['elo']:.0f}",
-                      f"{r['steps']:,}" if r["kind"] != "historical" else "")
+                      f"{r['steps']:,}" if r["kind"] != HISTORICAL else "")
     return table
 
 
 def players_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| player | kind | parent | Elo | env steps |", "|---|---|---|---:|---:|"]
     for r in sorted(rows, key=lambda r: -r["elo"]):
-        steps = f"{r['steps']:,}" if r["kind"] != "historical" else ""
+        steps = f"{r['steps']:,}" if r["kind"] != HISTORICAL else ""
         lines.append(f"| {r['name']} | {r['kind']} | {r['parent'] or ''} | {r['elo']:.0f} | {steps} |")
     return "\n".join(lines) + "\n"
 
@@ -96,19 +99,37 @@ def memory_report(stats: dict[str, Any], infos: list[Any], workers: int) -> dict
     module: workers x policies x size). The store holds one copy per node for all workers (its hot tier also
     keeps each learning player's previous version).
     """
-    frozen = [i.nbytes for i in infos if i.meta.get("frozen")]
+    frozen = [i.nbytes for i in infos if is_frozen(i.meta)]
     latest: dict[str, tuple[int, int]] = {}
     for i in infos:
-        if not i.meta.get("frozen"):
+        if not is_frozen(i.meta):
             latest[i.id.policy_id] = max(latest.get(i.id.policy_id, (0, 0)), (i.id.version, i.nbytes))
     policies = sum(frozen) + sum(nbytes for _, nbytes in latest.values())
     return {
         "frozen_snapshots": len(frozen),
         "league_policies": len(frozen) + len(latest),
-        "league_policy_mib": policies / 2**20,
-        "store_hot_mib": stats["hot_bytes"] / 2**20,
+        "league_policy_mib": policies / MiB,
+        "store_hot_mib": stats["hot_bytes"] / MiB,
         "store_hot_snapshots": stats["hot_snapshots"],
-        "store_disk_mib": stats["disk_bytes"] / 2**20,
+        "store_disk_mib": stats["disk_bytes"] / MiB,
         "workers": workers,
-        "private_copies_mib": workers * policies / 2**20,
+        "private_copies_mib": workers * policies / MiB,
     }
+
+
+def final_record(status: dict[str, Any], curve: list[dict[str, Any]], memory: dict[str, Any],
+                 workers: list[dict[str, Any]], learners: list[dict[str, Any]]) -> dict[str, Any]:
+    """What report.json holds: this session's throughput, the main agent's last evaluation, memory, actors."""
+    return {"env_steps": status["steps"], "env_steps_per_s": status["steps_per_s"],
+            "elapsed_s": status["elapsed_s"], DEFAULT_PLAYER: curve[-1] if curve else None,
+            "memory": memory, "workers": workers, "learners": learners}
+
+
+def write_report(directory: Path, summary: list[dict[str, Any]], players: list[str], matrix: np.ndarray,
+                 curve: list[dict[str, Any]]) -> None:
+    """payoff.png, curve.png and players.md in ``directory`` (the driver writes ``final_record`` beside them as
+    report.json, atomically, like every JSON file of the run)."""
+    directory.mkdir(exist_ok=True)
+    payoff_heatmap(players, matrix, directory / "payoff.png")
+    learning_curve(curve, directory / "curve.png")
+    (directory / "players.md").write_text(players_markdown(summary))

@@ -15,11 +15,12 @@ from torch import nn
 
 import policystore
 
-MODES = ("store", "private")
+STORE, PRIVATE = "store", "private"
+MODES = (STORE, PRIVATE)
 
 
 class SnapshotModules:
-    def __init__(self, store: policystore.PolicyStore, build: Callable[[], nn.Module], mode: str = "store",
+    def __init__(self, store: policystore.PolicyStore, build: Callable[[], nn.Module], mode: str = STORE,
                  capacity: int = 16):
         if mode not in MODES:
             raise ValueError(f"unknown weights mode {mode!r}; choose one of {MODES}")
@@ -46,7 +47,7 @@ class SnapshotModules:
         return module
 
     def _load(self, policy_id: str, version: int) -> nn.Module:
-        if self.mode == "store":
+        if self.mode == STORE:
             return self.store.load_module(policy_id, self.build, version=version)
         module = self.build()
         module.load_state_dict(dict(self.store.get(policy_id, version=version)))

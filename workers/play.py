@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.baselines import Player
-from trainer.games import VecGame
-from trainer.model import act
-from trainer.ppo import gae
+from league.baselines import Player
+from league.gae import gae
+from league.model import act
+from league.vecgame import VecGame
 
 # (env, env ids, planes, legal) -> (actions, log-probs or None, values or None)
 Policy = Callable[[VecGame, np.ndarray, np.ndarray, np.ndarray],

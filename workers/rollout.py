@@ -17,10 +17,10 @@ import ray
 import torch
 
 import policystore
-from policystore.memory import process_pss_bytes
-from trainer.games import get_game
-from trainer.league import Match, MatchResult
-from workers.modules import SnapshotModules
+from league.games import CONNECT4, get_game
+from league.matchmaking import Match, MatchResult
+from policystore.memory import MiB, process_pss_bytes
+from workers.modules import STORE, SnapshotModules
 from workers.play import net_policy, play
 
 
@@ -30,8 +30,8 @@ class WorkerConfig:
     hidden: int = 128
     gamma: float = 0.99
     gae_lambda: float = 0.95
-    weights: str = "store"      # "private": copy every policy into the worker (benchmark comparison only)
-    game: str = "connect4"
+    weights: str = STORE        # PRIVATE: copy every policy into the worker (benchmark comparison only)
+    game: str = CONNECT4.name
     module_cache: int = 16      # modules (views) kept per worker
 
 
@@ -92,4 +92,4 @@ class RolloutWorker:
 
     def stats(self) -> dict[str, Any]:
         return {"steps": self.steps, "matches": self.matches, "play_seconds": self.play_seconds,
-                "modules": len(self.modules), "pss_mib": process_pss_bytes() / 2**20}
+                "modules": len(self.modules), "pss_mib": process_pss_bytes() / MiB}

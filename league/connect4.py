@@ -20,8 +20,8 @@ NUM_PLANES = 5  # input planes of the policy net, see observation_planes
 _H1 = ROWS + 1  # bits per column including the sentinel
 # Bit distance between neighbours: vertical, horizontal, and the two diagonals.
 _SHIFTS = (np.uint64(1), np.uint64(_H1), np.uint64(_H1 - 1), np.uint64(_H1 + 1))
-# _COL_BIT[c, h]: the bit of the cell at column c, height h.
-_COL_BIT = (np.uint64(1) << (np.arange(COLS, dtype=np.uint64)[:, None] * np.uint64(_H1)
+# COL_BIT[c, h]: the bit of the cell at column c, height h.
+COL_BIT = (np.uint64(1) << (np.arange(COLS, dtype=np.uint64)[:, None] * np.uint64(_H1)
                              + np.arange(ROWS + 1, dtype=np.uint64)[None, :]))
 
 
@@ -125,7 +125,7 @@ class VecConnectFour:
         seat = (player - 1).astype(np.int64)
         self.boards[ids, ROWS - 1 - heights, actions] = player
         self.heights[ids, actions] += 1
-        self.bits[ids, seat] |= _COL_BIT[actions, heights]
+        self.bits[ids, seat] |= COL_BIT[actions, heights]
         self.moves[ids] += 1
         won = is_win(self.bits[ids, seat])
         done = won | (self.moves[ids] == ROWS * COLS)
@@ -166,7 +166,7 @@ class VecConnectFour:
         env.heights[:] = heights
         for seat, player in enumerate((1, 2)):
             cells = boards[:, ::-1, :] == player  # bottom row first
-            env.bits[:, seat] = (cells.transpose(0, 2, 1).astype(np.uint64) * _COL_BIT[None, :, :ROWS]).sum(
+            env.bits[:, seat] = (cells.transpose(0, 2, 1).astype(np.uint64) * COL_BIT[None, :, :ROWS]).sum(
                 axis=(1, 2), dtype=np.uint64)
         won = is_win(env.bits)
         if won.any(axis=1).any():
@@ -198,7 +198,7 @@ def _lines() -> np.ndarray:
 
 _LINES = _lines()
 # _CELL_BITS[r, c]: the bit of board cell (r, c), row 0 the top row.
-_CELL_BITS = _COL_BIT[:, :ROWS][:, ::-1].T.copy()
+_CELL_BITS = COL_BIT[:, :ROWS][:, ::-1].T.copy()
 
 
 def threat_cells(env: VecConnectFour, env_ids: np.ndarray, seat: np.ndarray) -> np.ndarray:

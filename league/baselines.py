@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from trainer.connect4 import _COL_BIT, COLS, VecConnectFour, is_win
+from league.connect4 import COL_BIT, COLS, VecConnectFour, is_win
 
 Player = Callable[[VecConnectFour, np.ndarray, np.random.Generator], np.ndarray]
 
@@ -25,7 +25,7 @@ def winning_columns(env: VecConnectFour, env_ids: np.ndarray, seat: np.ndarray) 
     """``(n, 7)`` bool: columns where a stone of ``seat`` (0 or 1) would complete four in a row."""
     legal = env.legal_mask(env_ids)
     heights = env.heights[env_ids].astype(np.int64)  # a full column points at its sentinel bit: masked below
-    candidate = _COL_BIT[np.arange(COLS)[None, :], heights]
+    candidate = COL_BIT[np.arange(COLS)[None, :], heights]
     stones = env.bits[env_ids, seat][:, None]
     return is_win(stones | candidate) & legal
 

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.connect4 import COLS, NUM_PLANES, ROWS
+from league.connect4 import COLS, NUM_PLANES, ROWS
+from policystore.views import fast_reads
 
 MASKED_LOGIT = -1e9
 
@@ -45,9 +46,9 @@ def act(net: nn.Module, planes: np.ndarray, legal: np.ndarray, generator: torch.
 
     Store views are ``SharedTensor``s whose write guard routes every op through Python (about 100 µs per forward
     of this net, a third of it; see benchmarks/league_throughput). A forward pass only reads the weights, so it
-    runs with the subclass dispatch off: same memory, plain-tensor speed.
+    runs in the store's ``fast_reads()`` block: same memory, plain-tensor speed.
     """
-    with torch._C.DisableTorchFunctionSubclass():
+    with fast_reads():
         logits, value = net(torch.from_numpy(planes))
     logits = masked_logits(logits, torch.from_numpy(legal))
     logp = torch.log_softmax(logits, dim=-1)

@@ -1,7 +1,8 @@
 """The AlphaStar league: who plays whom, when to freeze a snapshot, when to reset.
 
 Pure Python (no Ray, no torch) so that every rule is unit-tested; the trainer runs it inside a Ray actor.
-Rules (Vinyals et al. 2019 and DeepMind's pseudocode; see shared/design-notes.md):
+Rules (Vinyals et al. 2019, "Grandmaster level in StarCraft II using multi-agent reinforcement learning", and
+the pseudocode DeepMind published with it):
 
 * main agents: 50% PFSP-hard over all snapshots, 15% verification (snapshots of main exploiters they beat
   less than 30% of the time, then forgotten past selves under 70%), else self-play against a main agent
@@ -12,7 +13,8 @@ Rules (Vinyals et al. 2019 and DeepMind's pseudocode; see shared/design-notes.md
   the budget) or at the budget; reset with probability 0.25.
 
 Step budgets are fractions of the run: ``set_run_steps(total)`` (the trainer's estimate of the env steps the
-whole run will take) sets them so that a run of any length produces the configured number of snapshots.
+whole run will take) sets them so that a run of any length produces the configured number of snapshots. Until
+the trainer has measured its rate, the budgets assume ``LeagueConfig.first_run_steps``.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from trainer.elo import Elo
-from trainer.payoff import Payoff
-from trainer.pfsp import pfsp_probs, remove_monotonic_suffix
-
-MAIN, MAIN_EXPLOITER, LEAGUE_EXPLOITER = "main", "main_exploiter", "league_exploiter"
-HISTORICAL = "historical"
-TRAINABLE_KINDS = (MAIN, MAIN_EXPLOITER, LEAGUE_EXPLOITER)
+from league.constants import (
+    HISTORICAL,
+    LEAGUE_EXPLOITER,
+    MAIN,
+    MAIN_EXPLOITER,
+    TRAINABLE_KINDS,
+    player_name,
+    snapshot_name,
+)
+from league.elo import Elo
+from league.payoff import Payoff
+from league.pfsp import pfsp_probs, remove_monotonic_suffix
 
 
 @dataclass
@@ -45,6 +52,10 @@ class LeagueConfig:
     payoff_decay: float = 0.99
     elo_k: float = 16.0
     league_exploiter_reset_prob: float = 0.25
+    # Env steps the step budgets assume until the trainer measures the run's rate (after 20 s) and rescales them.
+    # About a tenth of a default run (9 min at ~21,000 steps/s on 2 cores): short first budgets, so the first
+    # seconds already give the main agents a few weak past selves to play.
+    first_run_steps: int = 1_000_000
 
     def __post_init__(self) -> None:
         if self.main_agents < 1:
@@ -55,8 +66,8 @@ class LeagueConfig:
             raise ValueError(f"main_share must lie in (0, 1], got {self.main_share}")
         if self.main_share == 1.0 and self.main_exploiters + self.league_exploiters > 0:
             raise ValueError("main_share 1.0 leaves no steps for the exploiters")
-        if min(self.main_snapshots, self.exploiter_snapshots) < 1:
-            raise ValueError("snapshot counts must be >= 1")
+        if min(self.main_snapshots, self.exploiter_snapshots, self.first_run_steps) < 1:
+            raise ValueError("snapshot counts and first_run_steps must be >= 1")
 
 
 @dataclass
@@ -107,11 +118,11 @@ class League:
         for kind, count in ((MAIN, c.main_agents), (MAIN_EXPLOITER, c.main_exploiters),
                             (LEAGUE_EXPLOITER, c.league_exploiters)):
             for i in range(count):
-                self._add(PlayerState(f"{kind}_{i}", kind))
+                self._add(PlayerState(player_name(kind, i), kind))
         # The main agents' initial weights are the first snapshots (the league's opening curriculum).
         for name in self.of_kind(MAIN):
             self._request(name, reset=False)
-        self.set_run_steps(1_000_000)
+        self.set_run_steps(self.config.first_run_steps)
 
     # ---- membership -------------------------------------------------------------------------------------
     def _add(self, player: PlayerState, rating: float | None = None) -> None:
@@ -233,7 +244,7 @@ class League:
         return rates.min() > 0.7 or passed >= budget
 
     def _request(self, name: str, reset: bool) -> None:
-        request = SnapshotRequest(name, f"{name}.s{self.players[name].snapshots}", reset)
+        request = SnapshotRequest(name, snapshot_name(name, self.players[name].snapshots), reset)
         self._open[name] = request
         self._new.append(request)
 

@@ -1,9 +1,10 @@
-"""PettingZoo classic AEC games (tictactoe_v3, connect_four_v3, ...) behind the trainer's game interface.
+"""PettingZoo classic AEC games (tictactoe_v3, connect_four_v3, ...) behind the league's game interface.
 
 Needs the ``pettingzoo`` extra. Two-player board games whose observation is ``{"observation": (rows, cols,
 planes) from the mover's view, "action_mask": ...}`` and whose final step rewards the winner +1. The envs
 are stepped one by one in Python, so this path is far slower than the built-in vectorized Connect Four; it
-is there to train the same league on other games, not for throughput.
+is there to train the same league on other games, not for throughput. pettingzoo itself is imported only when
+a game is made, so importing this module costs nothing without the extra.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from trainer.games import PETTINGZOO_PREFIX, Game
+from league.vecgame import Game
+
+PETTINGZOO_PREFIX = "pettingzoo:"  # game names: pettingzoo:<classic env>
 
 
 def _env_factory(name: str) -> Callable[[], Any]:

@@ -1,0 +1,45 @@
+"""What a game is to the league: a vectorized two-player environment and how to build a net for it.
+
+A game is a vectorized two-player environment with this interface (``league.connect4.VecConnectFour`` is the
+reference): ``num_envs``, ``plane_shape``, ``num_actions``, ``max_moves``; arrays ``done``, ``winner`` (0 =
+draw or running, else 1/2), ``to_move`` (1/2), ``moves``; ``reset()``, ``legal_mask(ids)``, ``planes(ids)``
+(the net's input from the mover's view) and ``step(actions, ids)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from league.model import PolicyNet
+
+
+class VecGame(Protocol):
+    num_envs: int
+    plane_shape: tuple[int, ...]
+    num_actions: int
+    max_moves: int
+    done: np.ndarray
+    winner: np.ndarray
+    to_move: np.ndarray
+    moves: np.ndarray
+
+    def reset(self) -> None: ...
+    def legal_mask(self, env_ids: np.ndarray | None = None) -> np.ndarray: ...
+    def planes(self, env_ids: np.ndarray) -> np.ndarray: ...
+    def step(self, actions: np.ndarray, env_ids: np.ndarray | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Game:
+    name: str
+    make: Callable[[int], VecGame]     # num_envs -> a batch of games
+    plane_shape: tuple[int, ...]
+    num_actions: int
+    baselines: tuple[str, ...]         # scripted opponents for evaluation (league.baselines)
+
+    def net(self, hidden: int) -> PolicyNet:
+        return PolicyNet(hidden, self.plane_shape, self.num_actions)

@@ -1,0 +1,39 @@
+"""The run configuration: saved and loaded as JSON, old run directories still load, bad values are refused."""
+
+import json
+
+import pytest
+
+from league.matchmaking import League, LeagueConfig
+from trainer.config import TrainConfig
+from trainer.rundir import RunDir, prepare_run_dir
+
+
+def test_config_round_trips_through_the_run_directory(tmp_path):
+    config = TrainConfig(minutes=2, workers=3, league=LeagueConfig(main_agents=2, first_run_steps=50_000))
+    rd, saved = prepare_run_dir(tmp_path / "run", config, resume=False)
+    assert RunDir(tmp_path / "run").load_config() == saved == config
+    with pytest.raises(FileExistsError, match="--resume"):
+        prepare_run_dir(tmp_path / "run", config, resume=False)
+    with pytest.raises(FileNotFoundError, match="not a trainer run directory"):
+        RunDir(tmp_path / "nothing").load_config()
+
+
+def test_a_config_written_before_first_run_steps_still_loads(tmp_path):
+    # Older runs saved `expected_steps_per_s` (never read) and no `first_run_steps`: they resume with the default.
+    data = TrainConfig().to_dict()
+    data["league"].pop("first_run_steps")
+    data["expected_steps_per_s"] = 8000.0
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    loaded = RunDir(tmp_path).load_config()
+    assert loaded == TrainConfig()
+    assert League(loaded.league).budgets["main_0"] == int(1_000_000 * 0.6 / 10)
+
+
+def test_unknown_keys_and_bad_values_are_refused():
+    with pytest.raises(ValueError, match="unknown config keys"):
+        TrainConfig.from_dict(TrainConfig().to_dict() | {"typo_minutes": 3})
+    with pytest.raises(ValueError, match="first_run_steps"):
+        LeagueConfig(first_run_steps=0)
+    with pytest.raises(ValueError, match="minutes"):
+        TrainConfig(minutes=0)
