@@ -2,8 +2,9 @@
 
 RLlib checkpoints the Learners' modules only, so frozen modules kept off the Learners would come back from
 a restore as freshly initialised ones. The local EnvRunner's checkpoint folder gets a ``policystore/`` folder
-with each frozen snapshot (safetensors, no pickle) and the spec that builds it; restoring re-publishes a
-snapshot to the node store unless the store still holds identical bytes under the same id.
+with each frozen snapshot (safetensors, no pickle) and the spec that builds it. Restoring re-publishes a
+snapshot unless the store of the current Ray session lists the same id with the checksum of the checkpoint's
+bytes: a process-wide cache (e.g. of an Algorithm from an earlier session, still alive) is never taken as proof.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import safetensors.torch
 import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-from ..errors import UnknownPolicyError
+from ..format import pack, parse_header
 from ..ids import SnapshotId
 from .registry import FrozenEntry
 
@@ -76,23 +77,21 @@ def load(path: Any, settings: Any, filesystem: pyarrow.fs.FileSystem | None) -> 
         with fs.open_input_stream((folder / item["file"]).as_posix()) as f:
             weights = safetensors.torch.load(f.read())
         snapshot = SnapshotId(item["policy_id"], item["version"])
-        if not _store_holds(store, snapshot, weights):
+        if not store_holds(store, snapshot, weights):
             snapshot = store.publish(item["policy_id"], weights, meta=item["meta"])
         spec = RLModuleSpec.from_dict(item["spec"])
         frozen[item["module_id"]] = FrozenEntry(snapshot, spec, item["on_learners"])
     return frozen
 
 
-def _store_holds(store: Any, snapshot: SnapshotId, weights: Mapping[str, torch.Tensor]) -> bool:
-    """Whether the store has ``snapshot`` with exactly these bytes (then the restore reuses it)."""
-    try:
-        snap = store.get(snapshot.policy_id, version=snapshot.version)
-    except UnknownPolicyError:
-        return False
-    return set(snap) == set(weights) and all(_same_bytes(snap[k], weights[k]) for k in weights)
+def store_holds(store: Any, snapshot: SnapshotId, weights: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``store`` lists ``snapshot`` with the checksum these weights pack to (then a restore reuses it).
 
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    Asks the store itself (``list``), not this process's snapshot cache: after a ``ray.shutdown()`` and a new
+    ``ray.init()`` the cache can still hold the old session's copy while the new session's store is empty.
+    """
+    checksum = parse_header(pack(weights, policy_id=snapshot.policy_id), name=str(snapshot)).checksum
+    return any(
+        row.id == snapshot and row.checksum == checksum and not row.error
+        for row in store.list(snapshot.policy_id)
+    )

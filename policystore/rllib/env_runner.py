@@ -22,8 +22,8 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ..errors import UnknownPolicyError
 from ..ids import SnapshotId
 from . import checkpoint, registry
-from .callback import PolicyStoreCallback
 from .registry import FrozenEntry, LeagueFollower, LeagueState
+from .settings import LeagueSettings, NotSetUpError, find_settings
 
 logger = logging.getLogger(__name__)
 
@@ -88,15 +88,8 @@ class SharedModulesMixin:
 
     # -- internals -------------------------------------------------------------------------------------------
 
-    def _policystore_settings(self) -> PolicyStoreCallback:
-        for callback in self._callbacks:
-            if isinstance(callback, PolicyStoreCallback):
-                return callback
-        raise TypeError(
-            f"{type(self).__name__} needs policystore.rllib.PolicyStoreCallback among config.callbacks (it "
-            "names the league and the store settings); build the config with "
-            "policystore.rllib.with_policystore(config)"
-        )
+    def _policystore_settings(self) -> LeagueSettings:
+        return find_settings(self._callbacks, type(self).__name__)
 
     def _league_entry(self, module_id: str) -> FrozenEntry:
         return self._league_state.frozen[module_id]
@@ -151,3 +144,21 @@ class SharedModulesMixin:
 
 class SharedEnvRunner(SharedModulesMixin, MultiAgentEnvRunner):
     """RLlib's MultiAgentEnvRunner with league-frozen modules as views into the node store."""
+
+
+def check_env_runner_cls(runner: type | None) -> None:
+    """Raise NotSetUpError unless ``runner`` (a config's env_runner_cls) keeps frozen modules in the store."""
+    if runner is None or not issubclass(runner, SharedModulesMixin):
+        name = getattr(runner, "__name__", "MultiAgentEnvRunner")
+        raise NotSetUpError(
+            f"env_runner_cls {name} does not keep frozen modules in the store: use "
+            f"policystore.rllib.SharedEnvRunner, or define class My{name}(policystore.rllib.SharedModulesMixin, "
+            f"{name}) and pass that (with_policystore(config) sets SharedEnvRunner when none is set)"
+        )
+
+
+def sync_all(algorithm: Any) -> None:
+    """Make every (training and evaluation) EnvRunner match the league now, not at its next sample."""
+    for group in (algorithm.env_runner_group, algorithm.eval_env_runner_group):
+        if group is not None:
+            group.foreach_env_runner(lambda runner: runner.sync_league(), local_env_runner=True)
