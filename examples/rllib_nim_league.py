@@ -34,12 +34,10 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.examples.rl_modules.classes.random_rlm import RandomRLModule
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
-from ray.tune.registry import register_env
 
 from policystore.rllib import add_frozen, remove_frozen, with_policystore
 
 log = logging.getLogger("nim_league")
-ENV = "policystore_nim"
 PLAYERS = ("p0", "p1")
 MAX_STONES, MAX_TAKE = 15, 3
 
@@ -145,10 +143,9 @@ def league_of(algorithm: Any) -> NimLeague:
 
 
 def build_config(args: argparse.Namespace) -> PPOConfig:
-    register_env(ENV, Nim)
     config = (
         PPOConfig()
-        .environment(ENV)
+        .environment(Nim)  # the class itself: no registry entry to lose in a new Ray session
         .callbacks(functools.partial(NimLeague, win_rate_threshold=args.win_rate_threshold,
                                      max_frozen=args.max_frozen, stock=args.stock))
         .env_runners(num_env_runners=args.env_runners, num_cpus_per_env_runner=0.1, rollout_fragment_length="auto")

@@ -30,7 +30,7 @@ def test_nim_rules():
         movers.append(mover)
         obs, rewards, terminated, _, _ = env.step({mover: 2})  # take 3 (or what is left)
         done = terminated["__all__"]
-    assert movers[:2] == ["p0", "p1"] and all(a != b for a, b in zip(movers, movers[1:]))
+    assert movers[:2] == ["p0", "p1"] and all(a != b for a, b in zip(movers, movers[1:], strict=False))
     assert rewards == {movers[-1]: 1.0, ("p1" if movers[-1] == "p0" else "p0"): -1.0}
     assert len(movers) == -(-stones // 3)
 

@@ -19,6 +19,7 @@ import safetensors.torch
 import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from ..errors import UnknownPolicyError
 from ..format import pack, parse_header
 from ..ids import SnapshotId
 from .registry import FrozenEntry
@@ -90,8 +91,9 @@ def store_holds(store: Any, snapshot: SnapshotId, weights: Mapping[str, torch.Te
     Asks the store itself (``list``), not this process's snapshot cache: after a ``ray.shutdown()`` and a new
     ``ray.init()`` the cache can still hold the old session's copy while the new session's store is empty.
     """
+    try:
+        rows = store.list(snapshot.policy_id)
+    except UnknownPolicyError:
+        return False
     checksum = parse_header(pack(weights, policy_id=snapshot.policy_id), name=str(snapshot)).checksum
-    return any(
-        row.id == snapshot and row.checksum == checksum and not row.error
-        for row in store.list(snapshot.policy_id)
-    )
+    return any(row.id == snapshot and row.checksum == checksum and not row.error for row in rows)
