@@ -11,8 +11,9 @@ import pytest
 
 pytest.importorskip("ray.rllib")
 
+import policystore  # noqa: E402
 from examples.rllib_nim_league import Nim, build_config, league_of, parse_args  # noqa: E402
-from policystore.rllib import frozen_modules  # noqa: E402
+from policystore.rllib import frozen_modules, remove_frozen  # noqa: E402
 
 pytestmark = pytest.mark.rllib
 SHORT = ["--env-runners", "1", "--hidden", "16", "--batch", "200", "--max-frozen", "2", "--win-rate-threshold", "-1"]
@@ -53,5 +54,15 @@ def test_nim_league_with_store_backed_opponents(ray_session):
         learners = algorithm.learner_group.foreach_learner(lambda learner: sorted(learner.module.keys()))
         assert [r.get() for r in learners] == [["main", "random"]]
         assert np.isfinite(result["learners"]["main"]["total_loss"])
+
+        # remove_frozen keeps the snapshot in the store (league history) unless told to delete it.
+        store = policystore.connect()
+        listed = {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()}
+        assert {"main_v1", "main_v2", "main_v3"} <= listed
+        hot = store.stats()["hot_bytes"]
+        size = next(row.nbytes for row in store.list() if row.id == frozen_modules(algorithm)["main_v2"])
+        remove_frozen(algorithm, "main_v2", delete_snapshot=True)
+        assert "main_v2" not in {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()}
+        assert store.stats()["hot_bytes"] == hot - size
     finally:
         algorithm.stop()
