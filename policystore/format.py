@@ -5,62 +5,85 @@ Layout (https://huggingface.co/docs/safetensors): 8-byte little-endian header le
 aligned), then the raw tensor bytes with no holes. Tensors are laid out by falling element size, so every tensor
 starts aligned to its own element size and can be viewed in place.
 
-``__metadata__`` carries the policystore fields: a CRC-32 over the tensor index and the data (recorded once, at
-pack time, and re-checked on restore and by ``verify``), the user's meta as one JSON string, the policy id and the
-creation time. Nothing here is pickled.
+``__metadata__`` carries the policystore fields: a checksum (recorded once, at pack time, and re-checked on restore
+and by ``verify``), the user's meta as one JSON string, the policy id and the creation time. The checksum is
+CRC-32C (``crc32c:xxxxxxxx``, hardware speed) over the tensor index, the metadata present at pack time and the
+data; buffers and files written with ``crc32:xxxxxxxx`` (zlib CRC-32 over the index and the data) still verify.
+Nothing here is pickled, and this module needs no torch: headers parse with numpy alone (the store and catalog
+actors hold bytes and names only); torch is imported where torch tensors are packed or viewed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import crc32c
 import numpy as np
-import torch
 
-from .errors import CorruptSnapshotError, InvalidWeightsError
+from .errors import CorruptSnapshotError, InvalidWeightsError, PolicyStoreError
 
-# safetensors dtype code <-> torch dtype
-_CODES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "I16": torch.int16,
-    "U16": torch.uint16,
-    "I32": torch.int32,
-    "U32": torch.uint32,
-    "I64": torch.int64,
-    "U64": torch.uint64,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
+if TYPE_CHECKING:
+    import torch
+
+# safetensors dtype code -> (torch dtype name, element size, numpy dtype holding the same bytes)
+_CODES: dict[str, tuple[str, int, np.dtype]] = {
+    "BOOL": ("bool", 1, np.dtype(np.bool_)),
+    "U8": ("uint8", 1, np.dtype(np.uint8)),
+    "I8": ("int8", 1, np.dtype(np.int8)),
+    "I16": ("int16", 2, np.dtype(np.int16)),
+    "U16": ("uint16", 2, np.dtype(np.uint16)),
+    "I32": ("int32", 4, np.dtype(np.int32)),
+    "U32": ("uint32", 4, np.dtype(np.uint32)),
+    "I64": ("int64", 8, np.dtype(np.int64)),
+    "U64": ("uint64", 8, np.dtype(np.uint64)),
+    "F16": ("float16", 2, np.dtype(np.float16)),
+    "BF16": ("bfloat16", 2, np.dtype(np.uint16)),  # numpy has no bfloat16: the raw 16-bit patterns
+    "F32": ("float32", 4, np.dtype(np.float32)),
+    "F64": ("float64", 8, np.dtype(np.float64)),
+    "F8_E4M3": ("float8_e4m3fn", 1, np.dtype(np.uint8)),
+    "F8_E5M2": ("float8_e5m2", 1, np.dtype(np.uint8)),
 }
-_DTYPE_CODES = {dtype: code for code, dtype in _CODES.items()}
-_ITEMSIZE = {code: torch.empty((), dtype=dtype).element_size() for code, dtype in _CODES.items()}
+_NUMPY_CODES = {np_dtype: code for code, (_, _, np_dtype) in _CODES.items() if code not in ("BF16", "F8_E4M3",
+                                                                                          "F8_E5M2")}
+_TORCH_CODES: dict[Any, str] = {}  # torch dtype -> code, filled on first use
 
 META_CHECKSUM = "policystore.checksum"
 META_USER = "policystore.meta"
 META_POLICY = "policystore.policy_id"
 META_CREATED = "policystore.created"
-_CHECKSUM_WIDTH = len("crc32:00000000")
+META_VERSION = "policystore.version"  # added by the disk tier when it writes a file; not covered by the checksum
+UNSIGNED_META = frozenset({META_CHECKSUM, META_VERSION})
+CRC32C = "crc32c"
+_LEGACY_CRC32 = "crc32"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors limit
+MAX_META_BYTES = 64 * 1024  # the user's meta as JSON
+MAX_META_DEPTH = 16
 _CHUNK = 16 * 1024 * 1024  # checksum pass granularity
 
 
 @dataclass(frozen=True)
 class TensorEntry:
-    dtype: torch.dtype
+    code: str  # safetensors dtype code, e.g. "F32"
     shape: tuple[int, ...]
     start: int  # offsets relative to the data section
     end: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The torch dtype (imports torch)."""
+        return torch_dtype(self.code)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """A numpy dtype of the same element size (raw bit patterns for BF16 and the F8 codes)."""
+        return _CODES[self.code][2]
 
 
 @dataclass(frozen=True)
@@ -82,85 +105,212 @@ class Header:
 
     def index_bytes(self) -> bytes:
         """Canonical encoding of the tensor index: what the checksum covers besides the data."""
-        index = {
-            name: [_DTYPE_CODES[e.dtype], list(e.shape), e.start, e.end] for name, e in sorted(self.tensors.items())
-        }
+        index = {name: [e.code, list(e.shape), e.start, e.end] for name, e in sorted(self.tensors.items())}
         return json.dumps(index, separators=(",", ":")).encode()
 
+    def signed_bytes(self) -> bytes:
+        """What a CRC-32C checksum covers before the data: the tensor index and the metadata set at pack time."""
+        signed = {k: v for k, v in self.metadata.items() if k not in UNSIGNED_META}
+        return self.index_bytes() + json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
 
-def _raw_bytes(name: str, value: object) -> tuple[str, tuple[int, ...], np.ndarray]:
-    """(dtype code, shape, contiguous uint8 view of the bytes) of one tensor or array, on the host."""
-    if isinstance(value, torch.Tensor):
-        if value.is_sparse or value.layout != torch.strided:
+
+def torch_dtype(code: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype code (imports torch)."""
+    import torch
+
+    return getattr(torch, _CODES[code][0])
+
+
+def _torch_code(dtype: Any) -> str | None:
+    if not _TORCH_CODES:
+        import torch
+
+        _TORCH_CODES.update({getattr(torch, name): code for code, (name, _, _) in _CODES.items()})
+    return _TORCH_CODES.get(dtype)
+
+
+def _check_meta(meta: Mapping[str, Any] | None) -> str:
+    """The user's meta as canonical JSON, or InvalidWeightsError naming what would not round-trip exactly."""
+    if meta is None:
+        return "{}"
+    if not isinstance(meta, Mapping):
+        raise InvalidWeightsError(f"meta must be a mapping with str keys, got {type(meta).__name__}")
+    meta = dict(meta)
+    stack: list[tuple[str, Any, int]] = [("meta", meta, 1)]
+    while stack:  # iterative: a deeply nested meta must not blow the interpreter's stack
+        path, value, depth = stack.pop()
+        if isinstance(value, dict):
+            for key in value:
+                if type(key) is not str:
+                    raise InvalidWeightsError(
+                        f"{path} has key {key!r} of type {type(key).__name__}: meta keys must be str "
+                        "(JSON would turn it into a string)"
+                    )
+            children = [(f"{path}[{k!r}]", v) for k, v in value.items()]
+        elif type(value) is list:
+            children = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif value is None or type(value) in (str, int, bool):
+            continue
+        elif type(value) is float:
+            if not math.isfinite(value):
+                raise InvalidWeightsError(f"{path} is {value}: meta must be strict JSON (no NaN or infinity)")
+            continue
+        else:
+            raise InvalidWeightsError(
+                f"{path} is a {type(value).__name__}: meta values must be JSON types (dict, list, str, int, float, "
+                "bool, None); anything else would not come back as it went in"
+            )
+        if depth > MAX_META_DEPTH:
+            raise InvalidWeightsError(f"meta is nested deeper than {MAX_META_DEPTH} levels (at {path})")
+        stack.extend((child, v, depth + 1) for child, v in children)
+    try:
+        text = json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except ValueError as exc:  # e.g. an int too long to print
+        raise InvalidWeightsError(f"meta cannot be written as JSON: {exc}") from None
+    size = len(text.encode())
+    if size > MAX_META_BYTES:
+        raise InvalidWeightsError(
+            f"meta is {size} bytes as JSON, more than the {MAX_META_BYTES}-byte limit: keep large data elsewhere"
+        )
+    return text
+
+
+@dataclass
+class _Part:
+    name: str
+    code: str
+    shape: tuple[int, ...]
+    value: Any  # the torch tensor or numpy array to copy from
+    nbytes: int
+
+
+def _part(name: str, value: object) -> _Part:
+    """Check one tensor or array and describe it; nothing is copied yet."""
+    torch = sys.modules.get("torch")  # a torch tensor can exist only if torch is imported
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.is_nested:
+            raise InvalidWeightsError(f"weights[{name!r}] is a nested tensor; store its components as separate tensors")
+        if value.layout != torch.strided:
             raise InvalidWeightsError(f"weights[{name!r}]: only dense tensors can be stored, got {value.layout}")
-        code = _DTYPE_CODES.get(value.dtype)
+        if value.device.type == "meta":
+            raise InvalidWeightsError(f"weights[{name!r}] is on the meta device: it has no data to store")
+        code = _torch_code(value.dtype)
         if code is None:
             raise InvalidWeightsError(f"weights[{name!r}]: dtype {value.dtype} is not supported")
-        host = value.detach().to("cpu").contiguous()  # the GPU path: one copy to the host
-        flat = host.reshape(-1).view(torch.uint8) if host.numel() else torch.empty(0, dtype=torch.uint8)
-        return code, tuple(host.shape), flat.numpy()
+        shape = tuple(value.shape)
+        return _Part(name, code, shape, value, math.prod(shape) * _CODES[code][1])
     if isinstance(value, np.ndarray):
-        try:
-            code = _DTYPE_CODES[torch.from_numpy(np.empty(0, dtype=value.dtype)).dtype]
-        except (TypeError, KeyError):
-            raise InvalidWeightsError(f"weights[{name!r}]: numpy dtype {value.dtype} is not supported") from None
-        arr = np.ascontiguousarray(value)
-        return code, tuple(arr.shape), arr.reshape(-1).view(np.uint8)
+        if type(value) not in (np.ndarray, np.memmap):
+            raise InvalidWeightsError(
+                f"weights[{name!r}] is a {type(value).__name__}; pass a plain numpy.ndarray (np.asarray(...)) so "
+                "nothing it carries besides the values is silently dropped"
+            )
+        if not value.dtype.isnative:
+            raise InvalidWeightsError(
+                f"weights[{name!r}] has non-native byte order ({value.dtype.str}); convert it first with "
+                "arr.astype(arr.dtype.newbyteorder('='))"
+            )
+        code = _NUMPY_CODES.get(value.dtype)
+        if code is None:
+            raise InvalidWeightsError(f"weights[{name!r}]: numpy dtype {value.dtype} is not supported")
+        return _Part(name, code, tuple(value.shape), value, value.nbytes)
     raise InvalidWeightsError(
         f"weights[{name!r}] is a {type(value).__name__}; snapshot values must be torch.Tensor or numpy.ndarray"
     )
 
 
+def _copy_into(dest: np.ndarray, part: _Part) -> None:
+    """One copy of the part's bytes into ``dest`` (its exact slot), from any device, contiguous or not."""
+    if part.nbytes == 0:
+        return
+    if isinstance(part.value, np.ndarray):
+        dest.view(part.value.dtype).reshape(part.shape)[...] = part.value
+        return
+    import torch
+
+    target = torch.from_numpy(dest).view(torch_dtype(part.code)).view(part.shape)
+    with torch.no_grad():
+        target.copy_(part.value.detach())
+
+
+def _default_alloc(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 def pack(
-    weights: Mapping[str, torch.Tensor | np.ndarray], *, policy_id: str, meta: Mapping[str, Any] | None = None
+    weights: Mapping[str, torch.Tensor | np.ndarray],
+    *,
+    policy_id: str,
+    meta: Mapping[str, Any] | None = None,
+    alloc: Callable[[int], np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Serialise ``weights`` into one uint8 buffer in the safetensors layout, with checksum and metadata."""
+    """Serialise ``weights`` into one uint8 buffer in the safetensors layout, with checksum and metadata.
+
+    ``alloc(nbytes)`` supplies the destination (a writable 1-D uint8 array of exactly ``nbytes``; default
+    ``np.empty``), so the bytes can go straight into memory the store keeps: one copy of the tensor bytes, and the
+    checksum is computed over the destination. Every input is checked before ``alloc`` is called.
+    """
     if not isinstance(weights, Mapping):
         raise InvalidWeightsError(f"weights must be a mapping of names to tensors, got {type(weights).__name__}")
     if not weights:
         raise InvalidWeightsError("weights is empty: a snapshot needs at least one tensor")
-    try:
-        user_meta = json.dumps(dict(meta or {}), sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise InvalidWeightsError(f"meta must be JSON-serialisable: {exc}") from None
+    user_meta = _check_meta(meta)
     parts = []
     for name, value in weights.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise InvalidWeightsError(f"tensor names must be non-empty strings other than '__metadata__', got {name!r}")
-        parts.append((name, *_raw_bytes(name, value)))
-    parts.sort(key=lambda p: (-_ITEMSIZE[p[1]], p[0]))  # falling element size keeps every tensor aligned
+        parts.append(_part(name, value))
+    parts.sort(key=lambda p: (-_CODES[p.code][1], p.name))  # falling element size keeps every tensor aligned
 
-    header: dict[str, Any] = {}
+    entries: dict[str, TensorEntry] = {}
     offset = 0
-    for name, code, shape, raw in parts:
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + raw.nbytes]}
-        offset += raw.nbytes
+    for part in parts:
+        entries[part.name] = TensorEntry(part.code, part.shape, offset, offset + part.nbytes)
+        offset += part.nbytes
     metadata = {
         "format": "pt",
-        META_POLICY: policy_id,
+        META_POLICY: str(policy_id),
         META_CREATED: f"{time.time():.6f}",
         META_USER: user_meta,
-        META_CHECKSUM: "crc32:" + "0" * 8,  # fixed width: filled in once the data is in place
+        META_CHECKSUM: CRC32C + ":" + "0" * 8,  # fixed width: filled in once the data is in place
     }
-    header["__metadata__"] = metadata
-    header_json = json.dumps(header, separators=(",", ":")).encode()
-    header_len = len(header_json) + (-(8 + len(header_json)) % 8)
+    header_len = len(_header_json(entries, metadata))
+    header_len += -(8 + header_len) % 8
     data_offset = 8 + header_len
+    total = data_offset + offset
 
-    buf = np.empty(data_offset + offset, dtype=np.uint8)
-    for name, _code, _shape, raw in parts:
-        start, end = header[name]["data_offsets"]
-        buf[data_offset + start : data_offset + end] = raw
-
-    entries = {
-        name: TensorEntry(_CODES[code], shape, *header[name]["data_offsets"]) for name, code, shape, _ in parts
-    }
-    metadata[META_CHECKSUM] = compute_checksum(Header(entries, metadata, data_offset, len(buf)), buf)
-    header_json = json.dumps(header, separators=(",", ":")).encode()
+    buf = (alloc or _default_alloc)(total)
+    if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.shape == (total,)
+            and buf.flags.writeable and buf.flags.c_contiguous):
+        raise PolicyStoreError(f"pack: alloc({total}) must return a writable contiguous 1-D uint8 array of that size")
+    for part in parts:
+        entry = entries[part.name]
+        _copy_into(buf[data_offset + entry.start : data_offset + entry.end], part)
+    metadata[META_CHECKSUM] = compute_checksum(Header(entries, metadata, data_offset, total), buf)
+    header_json = _header_json(entries, metadata)
     assert len(header_json) <= header_len, "checksum field changed width"
     buf[:8] = np.frombuffer(header_len.to_bytes(8, "little"), dtype=np.uint8)
     buf[8:data_offset] = np.frombuffer(header_json.ljust(header_len, b" "), dtype=np.uint8)
     return buf
+
+
+def _header_json(entries: dict[str, TensorEntry], metadata: dict[str, str]) -> bytes:
+    header: dict[str, Any] = {
+        name: {"dtype": e.code, "shape": list(e.shape), "data_offsets": [e.start, e.end]} for name, e in entries.items()
+    }
+    header["__metadata__"] = metadata
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate key in {sorted(keys)[:8]}")
+    return dict(pairs)
+
+
+def _offset_like(value: object) -> bool:
+    return type(value) is int and value >= 0  # bool and float are refused
 
 
 def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int | None = None) -> Header:
@@ -176,38 +326,58 @@ def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int 
     header_len = int.from_bytes(view[:8], "little")
     if header_len > MAX_HEADER_BYTES or 8 + header_len > total or 8 + header_len > len(view):
         raise CorruptSnapshotError(f"{name}: header length {header_len} does not fit a buffer of {total} bytes")
+    data_offset = 8 + header_len
+    if data_offset % 8:
+        raise CorruptSnapshotError(f"{name}: data section starts at {data_offset}, not 8-byte aligned")
     try:
-        raw = json.loads(bytes(view[8 : 8 + header_len]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptSnapshotError(f"{name}: header is not valid JSON ({exc})") from None
+        raw = json.loads(bytes(view[8:data_offset]), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise CorruptSnapshotError(f"{name}: header is not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(raw, dict):
         raise CorruptSnapshotError(f"{name}: header is not a JSON object")
-    metadata = raw.pop("__metadata__", {}) or {}
+    metadata = raw.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise CorruptSnapshotError(f"{name}: __metadata__ must map strings to strings")
-    data_offset = 8 + header_len
+    _check_recorded_meta(metadata, name)
     tensors: dict[str, TensorEntry] = {}
     for key, info in raw.items():
         try:
             code, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
-            dtype = _CODES[code]
-            if not all(isinstance(d, int) and d >= 0 for d in shape) or not isinstance(start, int):
+            itemsize = _CODES[code][1]
+            if not (isinstance(shape, list) and all(map(_offset_like, shape))
+                    and _offset_like(start) and _offset_like(end)):
                 raise ValueError("bad shape or offsets")
         except (KeyError, TypeError, ValueError):
-            raise CorruptSnapshotError(f"{name}: tensor {key!r} has a malformed entry {info!r}") from None
-        if end - start != math.prod(shape) * _ITEMSIZE[code] or start % _ITEMSIZE[code]:
-            raise CorruptSnapshotError(f"{name}: tensor {key!r} offsets {start}..{end} do not match {code}{shape}")
-        tensors[key] = TensorEntry(dtype, tuple(shape), start, end)
+            raise CorruptSnapshotError(f"{name}: tensor {key!r} has a malformed entry {str(info)[:200]}") from None
+        if end - start != math.prod(shape) * itemsize or start % itemsize:
+            raise CorruptSnapshotError(
+                f"{name}: tensor {key!r} offsets {start}..{end} do not match {code}{str(shape)[:200]}"
+            )
+        tensors[key] = TensorEntry(code, tuple(shape), start, end)
     position = 0
     for key, entry in sorted(tensors.items(), key=lambda kv: (kv[1].start, kv[1].end)):
         if entry.start != position:
-            raise CorruptSnapshotError(f"{name}: tensor {key!r} starts at {entry.start}, expected {position}")
+            raise CorruptSnapshotError(
+                f"{name}: tensor {key!r} starts at {entry.start}, expected {position} (overlap or hole)"
+            )
         position = entry.end
     if data_offset + position != total:
         raise CorruptSnapshotError(
             f"{name}: data section is {total - data_offset} bytes but the header describes {position}"
         )
     return Header(tensors, metadata, data_offset, total)
+
+
+def _check_recorded_meta(metadata: dict[str, str], name: str) -> None:
+    """The user's meta must load as a JSON object (so ``Header.user_meta`` cannot fail later)."""
+    text = metadata.get(META_USER)
+    if text is None:
+        return
+    try:
+        if not isinstance(json.loads(text), dict):
+            raise ValueError("not an object")
+    except (ValueError, RecursionError):
+        raise CorruptSnapshotError(f"{name}: the recorded meta is not a JSON object") from None
 
 
 def iter_data(header: Header, buf: np.ndarray | memoryview) -> Iterator[memoryview]:
@@ -218,11 +388,18 @@ def iter_data(header: Header, buf: np.ndarray | memoryview) -> Iterator[memoryvi
 
 
 def checksum_of(header: Header, chunks: Iterator[memoryview | bytes]) -> str:
-    """CRC-32 over the tensor index then the data: catches flipped bytes, renamed or reshaped tensors."""
-    crc = zlib.crc32(header.index_bytes())
+    """The checksum of the algorithm ``header`` records (CRC-32C for everything packed now; zlib CRC-32 for older
+    buffers) over what that algorithm covers, then the data: catches flipped bytes, renamed or reshaped tensors,
+    and (CRC-32C) changed metadata."""
+    if header.checksum.startswith(_LEGACY_CRC32 + ":"):
+        crc = zlib.crc32(header.index_bytes())
+        for chunk in chunks:
+            crc = zlib.crc32(chunk, crc)
+        return f"{_LEGACY_CRC32}:{crc:08x}"
+    crc = crc32c.crc32c(header.signed_bytes())
     for chunk in chunks:
-        crc = zlib.crc32(chunk, crc)
-    return f"crc32:{crc:08x}"
+        crc = crc32c.crc32c(chunk, crc)
+    return f"{CRC32C}:{crc:08x}"
 
 
 def compute_checksum(header: Header, buf: np.ndarray | memoryview) -> str:

@@ -1,27 +1,32 @@
 """Zero-copy torch views of a snapshot buffer, guarded against writes, and modules built on them.
 
-torch ignores numpy's read-only flag: a view of a plasma buffer can be written, and the write reaches every
-process on the node (../shared/design-notes.md). So every tensor handed out is a ``SharedTensor``, a
-``torch.Tensor`` subclass whose ``__torch_function__`` refuses in-place ops (``add_``, ``copy_``, ``__setitem__``,
-``out=``, optimizer ``_foreach_*_`` steps, ``load_state_dict`` into it...) with ReadOnlyWeightsError. Results that
-alias the shared memory (``.data``, ``.t()``, ``.view()``, slices, ``.detach()``) stay guarded; anything computed
-from the weights comes back as a plain tensor.
+Two layers keep shared weights unchanged. The OS one (``protect.py``): a reader's snapshot pages are mapped
+read-only, so a write by any route kills the writing process and never reaches another one. In front of it, for a
+friendly error on the common routes, every tensor handed out is a ``SharedTensor``, a ``torch.Tensor`` subclass
+whose ``__torch_function__`` refuses in-place ops (``add_``, ``copy_``, ``__setitem__``, ``out=``, ``inplace=True``
+functionals, optimizer ``_foreach_*_`` steps, ``load_state_dict`` into it, an embedding lookup with ``max_norm``,
+training-mode norms...) with ReadOnlyWeightsError. Results that alias the shared memory (``.data``, ``.t()``,
+``.view()``, slices, ``.detach()``) stay guarded; anything computed from the weights comes back as a plain tensor.
 
-What cannot be guarded (document, and ``PolicyStore.verify`` detects it): writes through ``untyped_storage()``,
-``data_ptr()`` with ctypes, or C extensions that take the raw pointer.
+``fast_reads()`` turns the torch-level guard off for a block of read-only forward passes (the dispatch costs a few
+microseconds per op); the OS protection still holds there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import warnings
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from .errors import ReadOnlyWeightsError, ShapeMismatchError
+from .errors import InvalidWeightsError, ReadOnlyWeightsError, ShapeMismatchError
 from .format import Header
 
 _INPLACE_DUNDERS = frozenset(
@@ -29,27 +34,55 @@ _INPLACE_DUNDERS = frozenset(
                             "lshift", "rshift")
 ) | {"__setitem__", "__set__"}
 _HARMLESS_INPLACE = frozenset({"requires_grad_", "share_memory_", "retain_grad"})
-
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+# Functionals that write into an argument depending on another one: name -> (argument written, trigger)
+_RENORM = {"embedding": "weight", "embedding_bag": "weight"}  # renormalise the looked-up rows when max_norm is set
 
 
 def _func_name(func: Callable) -> str:
     return getattr(func, "__name__", "") or getattr(getattr(func, "__func__", None), "__name__", "")
 
 
-_IN_PLACE: dict[Callable, bool] = {}
+@dataclass(frozen=True)
+class _Kind:
+    in_place: bool  # writes into its first argument
+    inplace_flag: int | None  # position of an ``inplace`` parameter (F.relu(x, inplace=True), F.dropout, ...)
+    renorm_weight: int | None  # position of the weight an embedding lookup renormalises when max_norm is given
+    max_norm: int | None
 
 
-def _is_in_place(func: Callable) -> bool:
-    """torch's naming convention: ``op_`` and ``__iop__`` write into their first argument (cached per func)."""
-    known = _IN_PLACE.get(func)
-    if known is None:
+_KINDS: dict[Callable, _Kind] = {}
+
+
+def _kind(func: Callable) -> _Kind:
+    """How ``func`` can write into its arguments (torch's naming convention plus keyword flags; cached per func)."""
+    kind = _KINDS.get(func)
+    if kind is None:
         name = _func_name(func)
-        known = name in _INPLACE_DUNDERS or (
+        in_place = name in _INPLACE_DUNDERS or (
             name.endswith("_") and not name.endswith("__") and name not in _HARMLESS_INPLACE
         )
-        _IN_PLACE[func] = known
-    return known
+        params = _parameter_names(func)
+        renorm = _RENORM.get(name)
+        kind = _KINDS[func] = _Kind(
+            in_place,
+            params.index("inplace") if "inplace" in params else None,
+            params.index(renorm) if renorm in params else None,
+            params.index("max_norm") if renorm in params and "max_norm" in params else None,
+        )
+    return kind
+
+
+def _parameter_names(func: Callable) -> list[str]:
+    try:
+        return list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):  # builtins without a signature
+        return []
+
+
+def _arg(args: tuple, kwargs: dict, position: int | None, name: str) -> Any:
+    if position is None:
+        return None
+    return args[position] if len(args) > position else kwargs.get(name)
 
 
 def _any_shared(value: Any) -> SharedTensor | None:
@@ -62,9 +95,14 @@ def _any_shared(value: Any) -> SharedTensor | None:
 
 def _written_shared(func: Callable, args: tuple, kwargs: dict) -> SharedTensor | None:
     """The shared tensor ``func`` would write into, if any."""
-    if _is_in_place(func):
-        # the target is the first argument; torch.nn.init.* pass it by keyword
-        target = _any_shared(args[0] if args else next(iter(kwargs.values()), None))
+    kind = _kind(func)
+    first = args[0] if args else next(iter(kwargs.values()), None)  # torch.nn.init.* pass it by keyword
+    if kind.in_place or _arg(args, kwargs, kind.inplace_flag, "inplace") is True:
+        target = _any_shared(first)
+        if target is not None:
+            return target
+    if kind.renorm_weight is not None and _arg(args, kwargs, kind.max_norm, "max_norm") is not None:
+        target = _any_shared(_arg(args, kwargs, kind.renorm_weight, "weight"))
         if target is not None:
             return target
     if _func_name(func) in ("batch_norm", "instance_norm") and _norm_is_training(args, kwargs):
@@ -92,6 +130,7 @@ class SharedTensor(torch.Tensor):
 
     snapshot: str = "?"
     _span: tuple[int, int] = (0, 0)  # address range of the snapshot buffer, to spot results that alias it
+    _param: nn.Parameter | None = None  # this view as a module parameter, made on first use
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -135,9 +174,24 @@ def _as_shared(tensor: torch.Tensor, snapshot: str, span: tuple[int, int]) -> Sh
     return shared
 
 
+@contextlib.contextmanager
+def fast_reads() -> Iterator[None]:
+    """Run read-only forward passes over shared weights without the torch-level write guard.
+
+    Inside the block, ``SharedTensor`` dispatch is off: ops run at plain-tensor speed and results are plain
+    tensors. Safe because a reader's snapshot pages are write-protected by the OS: a write in the block does not
+    raise ReadOnlyWeightsError but kills the process (SIGSEGV, with a traceback) instead of changing shared
+    weights. Thread-local; blocks nest.
+    """
+    with torch._C.DisableTorchFunctionSubclass():
+        yield
+
+
 def tensor_views(buf: np.ndarray, header: Header, snapshot: str) -> dict[str, SharedTensor]:
     """One guarded view per tensor, all over ``buf`` (no bytes are copied)."""
-    base = torch.frombuffer(memoryview(buf).cast("B"), dtype=torch.uint8)
+    with warnings.catch_warnings():  # a read-only buffer is the point: torch's warning about it is noise here
+        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+        base = torch.frombuffer(memoryview(buf).cast("B"), dtype=torch.uint8)
     span = (base.data_ptr(), base.data_ptr() + base.numel())
     views: dict[str, SharedTensor] = {}
     for name, entry in header.tensors.items():
@@ -150,38 +204,153 @@ def tensor_views(buf: np.ndarray, header: Header, snapshot: str) -> dict[str, Sh
     return views
 
 
-def build_on_views(build: Callable[[], nn.Module], views: dict[str, SharedTensor], snapshot: str) -> nn.Module:
-    """Build ``build()`` on the meta device (no parameter memory) and make the shared views its state.
+@dataclass
+class _Skeleton:
+    """A module built once on the meta device per ``build`` callable, and where each state entry goes in it."""
 
-    The module is in eval mode with requires_grad=False; its parameters and buffers ARE the views.
-    """
+    module: nn.Module
+    modules: list[nn.Module]  # every distinct submodule, root first
+    containers: list[list[str]]  # per submodule: its attributes holding dicts, lists or sets (copied per clone)
+    own_setattr: list[bool]  # per submodule: its class overrides __setattr__ (e.g. RNNs track their weights)
+    slots: dict[str, tuple[int, str, bool]] | None  # state key -> (index in modules, attribute, is a parameter);
+    # None when the module's state_dict does not list its parameters and buffers by path (custom state_dict)
+    expected: dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+# build callable (or a bound method's object) -> {function or None: skeleton}
+_SKELETONS: weakref.WeakKeyDictionary[Any, dict[Any, _Skeleton]] = weakref.WeakKeyDictionary()
+
+
+def _skeleton(build: Callable[[], nn.Module], *, fresh: bool = False) -> _Skeleton:
+    owner, key = (build.__self__, build.__func__) if inspect.ismethod(build) else (build, None)
+    try:
+        per_owner = _SKELETONS.setdefault(owner, {})
+    except TypeError:  # not weak-referenceable: build every time
+        per_owner = {}
+    skeleton = None if fresh else per_owner.get(key)
+    if skeleton is None:
+        skeleton = per_owner[key] = _make_skeleton(build)
+    return skeleton
+
+
+def _make_skeleton(build: Callable[[], nn.Module]) -> _Skeleton:
     with torch.device("meta"):
         module = build()
     if not isinstance(module, nn.Module):
-        raise TypeError(f"build() must return a torch.nn.Module, got {type(module).__name__}")
-    expected = module.state_dict(keep_vars=True)
+        raise InvalidWeightsError(f"build() must return a torch.nn.Module, got {type(module).__name__}")
+    modules = list(module.modules())
+    index = {id(m): i for i, m in enumerate(modules)}
+    slots: dict[str, tuple[int, str, bool]] = {}
+    stray = []
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for attr in sub._parameters:
+            if sub._parameters[attr] is not None:
+                slots[dot + attr] = (index[id(sub)], attr, True)
+        for attr in sub._buffers:
+            if sub._buffers[attr] is None:
+                continue
+            if attr in sub._non_persistent_buffers_set:
+                stray.append(f"{dot}{attr}")
+            else:
+                slots[dot + attr] = (index[id(sub)], attr, False)
+    if stray:
+        raise ShapeMismatchError(
+            f"{type(module).__name__} has non-persistent buffers {sorted(set(stray))}: they are not in a snapshot and "
+            "would stay on the meta device without data; register them with persistent=True, or create them in "
+            "forward()"
+        )
+    state = module.state_dict(keep_vars=True)
+    expected = {k: (tuple(t.shape), t.dtype) for k, t in state.items()}
+    module.eval()
+    by_path = {k: slots[k] for k in state} if state.keys() == slots.keys() else None
+    containers = [[k for k, v in vars(sub).items() if isinstance(v, (dict, list, set))] for sub in modules]
+    own_setattr = [type(sub).__setattr__ is not nn.Module.__setattr__ for sub in modules]
+    return _Skeleton(module, modules, containers, own_setattr, by_path, expected)
+
+
+def _clone(skeleton: _Skeleton) -> list[nn.Module]:
+    """New module objects sharing no mutable state with the skeleton or other clones (shallow copies of each
+    submodule's attributes, with fresh dicts, lists and sets); tensors are assigned afterwards."""
+    clones = []
+    for sub, containers in zip(skeleton.modules, skeleton.containers, strict=True):
+        new = object.__new__(type(sub))
+        state = sub.__dict__.copy()
+        for key in containers:
+            state[key] = state[key].copy()
+        object.__setattr__(new, "__dict__", state)
+        clones.append(new)
+    by_id = {id(sub): new for sub, new in zip(skeleton.modules, clones, strict=True)}
+    for new in clones:
+        for name, child in new._modules.items():
+            if child is not None:
+                new._modules[name] = by_id[id(child)]
+    return clones
+
+
+def _param(view: SharedTensor) -> nn.Parameter:
+    """The Parameter over ``view`` (itself a guarded view), made once and shared by every module built on it."""
+    param = view._param
+    if param is None:
+        param = view._param = nn.Parameter(view, requires_grad=False)
+    return param
+
+
+def build_on_views(build: Callable[[], nn.Module], views: dict[str, SharedTensor], snapshot: str) -> nn.Module:
+    """An eval-mode module whose parameters and buffers ARE the shared views (requires_grad=False).
+
+    ``build()`` runs once per callable, on the meta device (no parameter memory): later calls with the same
+    callable clone that skeleton, which costs microseconds, so pass the same ``build`` each time and let it return
+    the same architecture. A snapshot that does not fit raises ShapeMismatchError naming the tensors.
+    """
+    skeleton = _skeleton(build)
+    problems = _misfit(skeleton, views)
+    if problems:  # the callable may build something else by now: judge by a fresh build
+        skeleton = _skeleton(build, fresh=True)
+        problems = _misfit(skeleton, views)
+    if problems:
+        raise ShapeMismatchError(
+            f"snapshot {snapshot} does not fit {type(skeleton.module).__name__}: " + " | ".join(problems)
+        )
+    clones = _clone(skeleton)
+    if skeleton.slots is None:  # a module with its own state_dict layout: let torch place the tensors
+        clones[0].load_state_dict(views, strict=True, assign=True)
+        for param in clones[0].parameters():
+            param.requires_grad_(False)
+    else:
+        for key, (i, attr, is_param) in skeleton.slots.items():
+            tensor = _param(views[key]) if is_param else views[key]
+            if skeleton.own_setattr[i]:
+                setattr(clones[i], attr, tensor)
+            else:
+                (clones[i]._parameters if is_param else clones[i]._buffers)[attr] = tensor
+    for sub in clones:  # on each clone (a hook registered on the skeleton would be handed the skeleton)
+        if sub._parameters or sub._buffers:
+            sub.register_load_state_dict_pre_hook(_refuse_load_into_views)
+    return clones[0]
+
+
+def _misfit(skeleton: _Skeleton, views: dict[str, SharedTensor]) -> list[str]:
+    """What keeps ``views`` from fitting the skeleton (nothing, usually: checked fast)."""
+    expected = skeleton.expected
+    with torch._C.DisableTorchFunctionSubclass():  # shape and dtype reads without the guard's dispatch
+        if views.keys() == expected.keys() and all((tuple(v.shape), v.dtype) == expected[k] for k, v in views.items()):
+            return []
+    problems = []
     missing = sorted(set(expected) - set(views))
     unexpected = sorted(set(views) - set(expected))
     wrong = [
-        f"{k}: module {tuple(expected[k].shape)} {expected[k].dtype}, snapshot {tuple(views[k].shape)} {views[k].dtype}"
+        f"{k}: module {expected[k][0]} {expected[k][1]}, snapshot {tuple(views[k].shape)} {views[k].dtype}"
         for k in sorted(set(expected) & set(views))
-        if expected[k].shape != views[k].shape or expected[k].dtype != views[k].dtype
+        if (tuple(views[k].shape), views[k].dtype) != expected[k]
     ]
-    if missing or unexpected or wrong:
-        problems = []
-        if missing:
-            problems.append(f"missing from snapshot: {missing}")
-        if unexpected:
-            problems.append(f"not in module: {unexpected}")
-        if wrong:
-            problems.append("shape/dtype mismatch: " + "; ".join(wrong))
-        raise ShapeMismatchError(f"snapshot {snapshot} does not fit {type(module).__name__}: " + " | ".join(problems))
-    module.load_state_dict(views, strict=True, assign=True)
-    for param in module.parameters():
-        param.requires_grad_(False)
-    for sub in module.modules():
-        sub.register_load_state_dict_pre_hook(_refuse_load_into_views)
-    return module.eval()
+    if missing:
+        problems.append(f"missing from snapshot: {missing}")
+    if unexpected:
+        problems.append(f"not in module: {unexpected}")
+    if wrong:
+        problems.append("shape/dtype mismatch: " + "; ".join(wrong))
+    return problems
 
 
 def _refuse_load_into_views(module: nn.Module, state_dict, prefix, local_metadata, *args) -> None:

@@ -1,6 +1,11 @@
 """The snapshot format: bitwise round trips of every dtype, safetensors compatibility, corruption detection."""
 
 import json
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load as st_load
 
 from policystore import format as fmt
-from policystore.errors import CorruptSnapshotError, InvalidWeightsError
+from policystore.errors import CorruptSnapshotError, InvalidWeightsError, PolicyStoreError
 from policystore.views import tensor_views
 
 DTYPES = [
@@ -79,7 +84,7 @@ def test_buffer_is_plain_safetensors(tmp_path):
     with safe_open(path, framework="pt") as f:
         meta = f.metadata()
         assert json.loads(meta[fmt.META_USER]) == {"k": "v"}
-        assert meta[fmt.META_CHECKSUM].startswith("crc32:")
+        assert meta[fmt.META_CHECKSUM].startswith("crc32c:")
         assert same_bits(f.get_tensor("t.bfloat16"), weights["t.bfloat16"])
 
 
@@ -135,3 +140,77 @@ def test_bad_weights_get_named_errors(weights, match):
 def test_meta_must_be_json():
     with pytest.raises(InvalidWeightsError, match="JSON"):
         fmt.pack({"w": torch.zeros(1)}, policy_id="p", meta={"f": object()})
+
+
+def with_metadata(buf: np.ndarray, **changes: str) -> np.ndarray:
+    """``buf`` with its header's metadata changed (re-padded, data moved), as a file writer would rewrite it."""
+    header = fmt.parse_header(buf, name="p")
+    raw = json.loads(bytes(buf[8 : header.data_offset]))
+    raw["__metadata__"].update(changes)
+    text = json.dumps(raw, separators=(",", ":")).encode()
+    text = text.ljust(len(text) + (-(8 + len(text)) % 8), b" ")
+    return np.frombuffer(len(text).to_bytes(8, "little") + text + bytes(buf[header.data_offset :]), np.uint8).copy()
+
+
+def as_legacy_crc32(buf: np.ndarray) -> np.ndarray:
+    """The same snapshot as written before CRC-32C: zlib CRC-32 over the tensor index and the data."""
+    header = fmt.parse_header(buf, name="p")
+    crc = zlib.crc32(memoryview(buf)[header.data_offset :], zlib.crc32(header.index_bytes()))
+    return with_metadata(buf, **{fmt.META_CHECKSUM: f"crc32:{crc:08x}"})
+
+
+def test_checksum_is_crc32c_and_legacy_crc32_buffers_still_verify():
+    buf = fmt.pack({"w": torch.randn(64), "b": np.arange(3, dtype=np.int16)}, policy_id="p", meta={"k": 1})
+    header = fmt.verify_buffer(buf, name="p")
+    assert header.checksum.startswith("crc32c:") and len(header.checksum) == len("crc32c:") + 8
+    legacy = as_legacy_crc32(buf)
+    assert fmt.verify_buffer(legacy, name="p").checksum.startswith("crc32:")
+    legacy[-1] ^= 1
+    with pytest.raises(CorruptSnapshotError, match="checksum"):
+        fmt.verify_buffer(legacy, name="p")
+
+
+def test_crc32c_covers_the_metadata_set_at_pack_time_but_not_the_disk_version():
+    buf = fmt.pack({"w": torch.randn(8)}, policy_id="p", meta={"step": 7})
+    assert fmt.verify_buffer(with_metadata(buf, **{fmt.META_VERSION: "3"}), name="p").metadata[fmt.META_VERSION] == "3"
+    for key, value in [(fmt.META_USER, '{"step":8}'), (fmt.META_POLICY, "q"), (fmt.META_CREATED, "1.0")]:
+        with pytest.raises(CorruptSnapshotError, match="checksum"):
+            fmt.verify_buffer(with_metadata(buf, **{key: value}), name="p")
+
+
+def test_pack_writes_into_the_memory_alloc_supplies():
+    weights = {"a": torch.randn(5, 3), "b": torch.arange(10).reshape(2, 5).t(), "c": np.ones((2, 2), np.float64)}
+    given = []
+
+    def alloc(nbytes: int) -> np.ndarray:
+        given.append(np.zeros(nbytes, np.uint8))
+        return given[-1]
+
+    buf = fmt.pack(weights, policy_id="p", alloc=alloc)
+    assert buf is given[0]
+    views = tensor_views(buf, fmt.verify_buffer(buf, name="p"), "p")
+    assert torch.equal(views["a"], weights["a"]) and torch.equal(views["b"], weights["b"])
+    assert np.array_equal(views["c"].numpy(), weights["c"])
+    with pytest.raises(PolicyStoreError, match="alloc"):
+        fmt.pack(weights, policy_id="p", alloc=lambda n: np.empty(n + 1, np.uint8))
+
+
+def test_format_imports_and_parses_without_torch():
+    """The store and catalog actors hold bytes and names only: format.py must not need torch."""
+    code = textwrap.dedent(f"""
+        import sys, types
+        sys.modules["torch"] = None  # any import of torch now fails
+        pkg = types.ModuleType("policystore")
+        pkg.__path__ = [{str(Path(fmt.__file__).parent)!r}]
+        sys.modules["policystore"] = pkg
+        import numpy as np
+        from policystore import format as fmt
+        arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+        buf = fmt.pack({{"w": arr, "s": np.array(2, np.int64)}}, policy_id="p", meta={{"k": [1]}})
+        header = fmt.verify_buffer(buf, name="p")
+        assert header.tensors["w"].code == "F32" and header.tensors["s"].shape == ()
+        assert header.user_meta == {{"k": [1]}}
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr

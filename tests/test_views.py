@@ -1,12 +1,17 @@
 """The write guard and modules built on shared views (no Ray needed: the guard lives in the tensors)."""
 
+import subprocess
+import sys
+import warnings
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from policystore import format as fmt
-from policystore.errors import ReadOnlyWeightsError, ShapeMismatchError
-from policystore.views import SharedTensor, build_on_views, tensor_views
+from policystore.errors import InvalidWeightsError, ReadOnlyWeightsError, ShapeMismatchError
+from policystore.views import SharedTensor, build_on_views, fast_reads, tensor_views
 
 
 def make_net() -> nn.Module:
@@ -129,3 +134,149 @@ def test_wrong_shapes_name_the_snapshot_and_the_tensors():
         build_on_views(other, views, "p@v2")
     with pytest.raises(ShapeMismatchError, match="missing from snapshot"):
         build_on_views(lambda: nn.Sequential(make_net(), nn.Linear(3, 1)), views, "p@v2")
+
+
+def shared_views(module: nn.Module, snapshot: str = "p@v1") -> dict[str, torch.Tensor]:
+    buf = fmt.pack(module.state_dict(), policy_id="p")
+    buf.flags.writeable = False
+    return tensor_views(buf, fmt.verify_buffer(buf, name="p"), snapshot), buf
+
+
+INFERENCE_WRITES = {
+    "Embedding(max_norm) forward": lambda w: build_on_views(
+        lambda: nn.Embedding(16, 4, max_norm=1.0), {"weight": w}, "p@v1")(torch.tensor([0, 3])),
+    "F.embedding max_norm": lambda w: F.embedding(torch.tensor([1]), w, max_norm=0.5),
+    "F.embedding max_norm positional": lambda w: F.embedding(torch.tensor([1]), w, None, 0.5),
+    "F.embedding_bag max_norm": lambda w: F.embedding_bag(torch.tensor([1, 2]), w, torch.tensor([0]), max_norm=0.5),
+    "embedding_renorm_": lambda w: torch.embedding_renorm_(w, torch.tensor([1]), 0.5, 2.0),
+    "F.relu inplace": lambda w: F.relu(w, inplace=True),
+    "F.relu inplace positional": lambda w: F.relu(w, True),
+    "F.leaky_relu inplace": lambda w: F.leaky_relu(w, 0.1, True),
+    "F.elu inplace": lambda w: F.elu(w, inplace=True),
+    "F.hardtanh inplace": lambda w: F.hardtanh(w, inplace=True),
+    "F.threshold inplace": lambda w: F.threshold(w, 0.1, 0.0, True),
+    "F.silu inplace": lambda w: F.silu(w, inplace=True),
+    "F.dropout inplace": lambda w: F.dropout(w, 0.5, True, True),
+    "F.relu_": lambda w: F.relu_(w),
+}
+
+
+@pytest.mark.parametrize("write", INFERENCE_WRITES.values(), ids=INFERENCE_WRITES.keys())
+def test_ordinary_inference_that_would_write_is_refused(write):
+    views, buf = shared_views(nn.Embedding(16, 4))
+    before = bytes(buf)
+    with pytest.raises(ReadOnlyWeightsError, match="p@v1"):
+        write(views["weight"])
+    assert bytes(buf) == before
+
+
+def test_out_of_place_functionals_and_plain_embedding_lookups_still_work():
+    views, _ = shared_views(nn.Embedding(16, 4))
+    w = views["weight"]
+    assert torch.equal(F.relu(w), torch.relu(w.clone()))
+    assert torch.equal(F.embedding(torch.tensor([2]), w), w[2:3])
+    module = build_on_views(lambda: nn.Embedding(16, 4), views, "p@v1")
+    assert torch.equal(module(torch.tensor([5])), w[5:6])
+
+
+class Counted:
+    """A build callable that counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self) -> nn.Module:
+        self.calls += 1
+        return make_net()
+
+
+def test_the_skeleton_is_built_once_per_build_callable_and_clones_share_no_state():
+    views, buf = shared_views(make_net().eval())
+    build = Counted()
+    a = build_on_views(build, views, "p@v1")
+    b = build_on_views(build, views, "p@v1")
+    assert build.calls == 1
+    assert a is not b and a[0] is not b[0] and a[0]._parameters is not b[0]._parameters
+    lo, hi = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    for module in (a, b):
+        assert not module.training and all(not m.training for m in module.modules())
+        for name, tensor in module.state_dict().items():
+            assert isinstance(tensor, SharedTensor) and lo <= tensor.data_ptr() < hi, name
+    a.train()
+    a[0].extra = nn.Linear(1, 1)
+    a[0].register_forward_hook(lambda *args: None)
+    a[1] = nn.Tanh()
+    assert not b.training and "extra" not in b[0]._modules and not b[0]._forward_hooks
+    assert isinstance(b[1], nn.ReLU)
+    x = torch.randn(3, 8)
+    assert torch.equal(b(x), build_on_views(make_net, views, "p@v1")(x))
+
+
+def test_a_build_method_is_cached_too_and_a_changed_architecture_is_rebuilt():
+    class Factory:
+        hidden = 16
+        calls = 0
+
+        def build(self) -> nn.Module:
+            self.calls += 1
+            return nn.Sequential(nn.Linear(8, self.hidden), nn.ReLU(), nn.Linear(self.hidden, 3))
+
+    factory = Factory()
+    small, _ = shared_views(factory.build())
+    build_on_views(factory.build, small, "p@v1")
+    build_on_views(factory.build, small, "p@v1")
+    assert factory.calls == 2  # one for the source weights, one skeleton
+    factory.hidden = 32
+    big, _ = shared_views(factory.build(), "p@v2")
+    module = build_on_views(factory.build, big, "p@v2")
+    assert module[0].out_features == 32
+
+
+def test_recurrent_modules_run_on_views():
+    torch.manual_seed(0)
+    source = nn.LSTM(4, 8, batch_first=True).eval()
+    views, _ = shared_views(source)
+    x = torch.randn(2, 5, 4)
+    for _ in range(2):  # built, then cloned from the skeleton
+        module = build_on_views(lambda: nn.LSTM(4, 8, batch_first=True), views, "p@v1")
+        assert torch.equal(module(x)[0], source(x)[0])
+
+
+def test_a_build_that_is_not_a_module_is_refused():
+    views, _ = shared_views(make_net())
+    with pytest.raises(InvalidWeightsError, match="must return a torch.nn.Module.*dict"):
+        build_on_views(lambda: {"w": torch.zeros(1)}, views, "p@v1")
+
+
+def test_non_persistent_buffers_are_named():
+    class WithTable(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            self.register_buffer("table", torch.arange(4.0), persistent=False)
+
+    views, _ = shared_views(WithTable())
+    with pytest.raises(ShapeMismatchError, match="non-persistent buffers.*table"):
+        build_on_views(WithTable, views, "p@v1")
+
+
+def test_fast_reads_computes_the_same_without_the_guard(shared):
+    source, module, _ = shared
+    x = torch.randn(4, 8)
+    with torch.no_grad(), fast_reads():
+        fast = module(x)
+        assert type(module[0].weight * 1) is torch.Tensor
+    assert torch.equal(fast, module(x)) and torch.equal(fast, source(x))
+    with pytest.raises(ReadOnlyWeightsError):  # the guard is back after the block
+        module[0].weight.add_(1)
+
+
+def test_importing_views_installs_no_warning_filter_and_views_warn_nothing():
+    code = "import warnings, policystore.views; print([str(f[1] and f[1].pattern) for f in warnings.filters])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "not writable" not in out.stdout, out.stdout + out.stderr
+    buf = fmt.pack({"w": torch.randn(4)}, policy_id="p")
+    buf.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tensor_views(buf, fmt.parse_header(buf, name="p"), "p@v1")

@@ -1,0 +1,159 @@
+"""OS-level read-only pages for snapshot buffers in every process that reads them.
+
+torch ignores numpy's read-only flag, and many routes to a tensor's memory never pass through Python-level torch
+calls (dispatcher ops, C++ inside nn modules, dlpack, numpy round trips, raw pointers). Only the OS can refuse
+them all: every reader ``mprotect``s the snapshot's pages PROT_READ in its own mapping of the node's shared memory,
+so a write by any route kills the writing process with SIGSEGV (Ray workers print a Python traceback through
+faulthandler; this module turns faulthandler on in processes that have it off) and never reaches another process.
+
+Two constraints shape this module:
+
+- ``mprotect`` works on whole pages, and Ray's object store aligns objects to 64 bytes, not to pages. So the store
+  puts ``shareable(buf)``: the snapshot between two 4096-byte pads in one object, which makes the pages holding
+  the snapshot's first and last bytes lie wholly inside the object (Ray lays the three out contiguously).
+- The object store reuses freed memory for new objects, which this process may then write (``ray.put``). So the
+  pages are made writable again BEFORE the buffer is released: the array ``open_shared`` returns owns a reference
+  to what ``ray.get`` returned, and a finaliser restores PROT_READ|PROT_WRITE before dropping that reference. Views
+  made from the array (numpy, ``torch.frombuffer``, ``memoryview``) keep it, and so the protection, alive.
+
+Cost: one ``mprotect`` call per snapshot newly opened in a process and one when its last view goes (each is a
+system call that updates the page tables of the range, and splits the mapping into up to three kernel VMAs while
+it is protected).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import logging
+import mmap
+import os
+import sys
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+PAD_BYTES = 4096
+PAGE = mmap.PAGESIZE
+_PROT_READ, _PROT_WRITE = 0x1, 0x2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_libc.mprotect.restype = ctypes.c_int
+
+_lock = threading.Lock()
+_protected: dict[tuple[int, int], int] = {}  # page range -> number of open arrays over it, in this process
+_announced = False
+
+
+def shareable(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the store ``ray.put``s for snapshot ``buf``: ``(pad_a, buf, pad_b)``.
+
+    The pads are two distinct zero arrays (Ray stores one array object once, however often it appears), so in
+    the object store the pages holding ``buf``'s first and last bytes lie wholly inside the object.
+    """
+    return np.zeros(PAD_BYTES, dtype=np.uint8), buf, np.zeros(PAD_BYTES, dtype=np.uint8)
+
+
+def open_shared(obj: Any) -> np.ndarray:
+    """A read-only array of the snapshot bytes in ``obj`` (what ``ray.get`` returned for ``shareable(buf)``, or a
+    plain buffer) whose pages are write-protected in this process for as long as the array or any view of it lives.
+
+    Only pages wholly inside the object are protected: with the pads that is all of the snapshot; for a plain
+    buffer (or a layout that does not check out, which is logged) the partial first and last pages stay writable.
+    """
+    padded = isinstance(obj, (tuple, list)) and len(obj) == 3
+    buf = obj[1] if padded else obj
+    if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.flags.c_contiguous):
+        raise TypeError(f"open_shared takes a 1-D uint8 snapshot buffer, got {type(buf).__name__}")
+    lo, hi = _page_range(buf, obj[0], obj[2]) if padded else _inner_pages(buf)
+    holder = _Holder(buf)
+    array = np.asarray(holder)  # array.base is the holder: every view of the array keeps it alive
+    if hi > lo and _acquire(lo, hi):
+        weakref.finalize(holder, _release, lo, hi, obj)  # holds obj (the plasma buffer) until pages are writable
+    return array
+
+
+class _Holder:
+    """The base object of the array ``open_shared`` returns: its lifetime is the protection's lifetime."""
+
+    def __init__(self, buf: np.ndarray):
+        self.__array_interface__ = {
+            "data": (buf.ctypes.data, True),  # read-only
+            "shape": (buf.nbytes,),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+
+def _page_range(buf: np.ndarray, pad_a: np.ndarray, pad_b: np.ndarray) -> tuple[int, int]:
+    """Every page that holds a byte of ``buf``, if they all lie inside the padded object; else the inner pages."""
+    start, end = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    lo, hi = start - start % PAGE, -(-end // PAGE) * PAGE
+    inside = (
+        isinstance(pad_a, np.ndarray) and isinstance(pad_b, np.ndarray)
+        and pad_a.nbytes == PAD_BYTES and pad_b.nbytes == PAD_BYTES
+        and pad_a.ctypes.data <= lo and pad_a.ctypes.data + PAD_BYTES <= start
+        and end <= pad_b.ctypes.data and hi <= pad_b.ctypes.data + PAD_BYTES
+        and pad_b.ctypes.data - pad_a.ctypes.data < buf.nbytes + 3 * PAD_BYTES  # one object, not three
+    )
+    if inside:
+        return lo, hi
+    log.warning(
+        "snapshot buffer at %#x is not laid out between its pads; only the pages wholly inside it are write-protected",
+        start,
+    )
+    return _inner_pages(buf)
+
+
+def _inner_pages(buf: np.ndarray) -> tuple[int, int]:
+    start, end = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    return -(-start // PAGE) * PAGE, end - end % PAGE
+
+
+def _mprotect(lo: int, hi: int, prot: int) -> bool:
+    if _libc.mprotect(lo, hi - lo, prot) == 0:
+        return True
+    log.warning("mprotect(%#x, %d) failed with errno %d: snapshot pages stay writable in this process",
+                lo, hi - lo, ctypes.get_errno())
+    return False
+
+
+def _acquire(lo: int, hi: int) -> bool:
+    """Count one more open array over [lo, hi); protect the pages on the first. Returns whether they are counted."""
+    global _announced
+    with _lock:
+        count = _protected.get((lo, hi), 0)
+        if count == 0 and not _mprotect(lo, hi, _PROT_READ):
+            return False
+        _protected[(lo, hi)] = count + 1
+        if not _announced:
+            _announced = True
+            if not faulthandler.is_enabled():
+                faulthandler.enable(file=sys.stderr)
+            log.warning(
+                "policystore: snapshot pages are mapped read-only in this process (pid %d): a write into shared "
+                "weights by any route kills this process with SIGSEGV; take a private copy (tensor.clone()) to "
+                "change them", os.getpid(),
+            )
+        return True
+
+
+def _release(lo: int, hi: int, _obj: Any) -> None:
+    """The last array over [lo, hi) is gone: make the pages writable before ``_obj`` (the buffer) is dropped."""
+    with _lock:
+        count = _protected.pop((lo, hi))
+        if count > 1:
+            _protected[(lo, hi)] = count - 1
+        else:
+            _mprotect(lo, hi, _PROT_READ | _PROT_WRITE)
+
+
+def protected_ranges() -> int:
+    """How many page ranges this process holds write-protected (for stats and tests)."""
+    with _lock:
+        return len(_protected)

@@ -1,0 +1,169 @@
+"""OS-level write protection of snapshot pages, with real Ray worker processes.
+
+A write into a snapshot by any route must kill the writing process (SIGSEGV, with a traceback in its log) and never
+reach another process; once the last view is gone the pages are writable again, so the object store can reuse the
+memory for new objects without crashing the process that writes them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import time
+import zlib
+
+import numpy as np
+import pytest
+import ray
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from policystore import format as fmt
+from policystore import protect
+from policystore.views import tensor_views
+
+MiB = 1024 * 1024
+
+
+def snapshot_bytes() -> np.ndarray:
+    torch.manual_seed(0)
+    return fmt.pack({"w": torch.randn(256, 256), "e": torch.randn(512, 64) * 10}, policy_id="p")
+
+
+def page_perms(addr: int) -> str:
+    """The permissions of this process's mapping that holds ``addr`` (from /proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= addr < hi:
+                return perms
+    raise AssertionError(f"{addr:#x} is not mapped")
+
+
+def plain(arr: np.ndarray, name: str) -> torch.Tensor:
+    """A tensor view of one snapshot tensor with the torch guard stripped (as_subclass), as a hostile user would."""
+    header = fmt.parse_header(arr, name="p")
+    return tensor_views(arr, header, "p@v1")[name].as_subclass(torch.Tensor)
+
+
+def aten_add(arr: np.ndarray) -> None:
+    """A dispatcher-level op (a named function: workers import it, torch.ops cannot be pickled by value)."""
+    torch.ops.aten.add_.Tensor(plain(arr, "w"), 1.0)
+
+
+# Routes that get past the torch-level guard; each must die on the OS protection.
+ROUTES = {
+    "ctypes": lambda arr: ctypes.memset(arr.ctypes.data + arr.nbytes // 2, 0xAB, 64),
+    "from_numpy(view.numpy())": lambda arr: torch.from_numpy(
+        tensor_views(arr, fmt.parse_header(arr, name="p"), "p")["w"].numpy()).add_(1),
+    "as_subclass": lambda arr: plain(arr, "w").mul_(2),
+    "dlpack": lambda arr: torch.from_dlpack(plain(arr, "w")).zero_(),
+    "as_tensor": lambda arr: torch.as_tensor(arr).fill_(0),
+    "frombuffer": lambda arr: torch.frombuffer(arr, dtype=torch.uint8).__setitem__(slice(-8, None), 1),
+    "aten.add_": aten_add,
+    "embedding max_norm": lambda arr: nn.Embedding.from_pretrained(plain(arr, "e"), max_norm=1.0)(
+        torch.tensor([0, 1])),
+    "relu inplace": lambda arr: F.relu(plain(arr, "w"), inplace=True),
+}
+
+
+@ray.remote(num_cpus=0.1, max_restarts=0)
+class Holder:
+    """A process that opens the snapshot and keeps it open."""
+
+    def open(self, refs: list) -> int:
+        self.arr = protect.open_shared(ray.get(refs[0]))
+        return os.getpid()
+
+    def crc(self) -> int:
+        return zlib.crc32(self.arr)
+
+    def perms(self) -> str:
+        return page_perms(self.arr.ctypes.data + self.arr.nbytes // 2)
+
+    def write(self, route: str) -> str:
+        ROUTES[route](self.arr)
+        return "survived"
+
+    def reuse(self, rounds: int) -> tuple[int, str]:
+        """Open an object this process owns, drop it, then fill the freed memory with new objects."""
+        ref = ray.put(protect.shareable(np.full(MiB, 7, np.uint8)))
+        arr = protect.open_shared(ray.get(ref))
+        addr = arr.ctypes.data + arr.nbytes // 2
+        view = torch.frombuffer(arr, dtype=torch.uint8)[10:20]  # a view keeps the protection alive
+        del arr
+        held = (protect.protected_ranges(), page_perms(addr))
+        assert int(view[0]) == 7
+        del view, ref
+        after = page_perms(addr)
+        for i in range(rounds):  # the store reuses the freed memory; writing it must not fault
+            new = ray.put(protect.shareable(np.full(MiB, i % 250, np.uint8)))
+            assert int(ray.get(new)[1][0]) == i % 250
+            del new
+        return held, after, protect.protected_ranges()
+
+
+@pytest.fixture(scope="module")
+def shared(ray_session):
+    buf = snapshot_bytes()
+    ref = ray.put(protect.shareable(buf))
+    holder = Holder.remote()
+    ray.get(holder.open.remote([ref]))
+    yield ref, zlib.crc32(buf), holder
+    ray.kill(holder)
+
+
+def worker_log(pid: int) -> str:
+    """Everything the worker process ``pid`` wrote to its stderr log (Ray's per-worker .err file)."""
+    deadline = time.monotonic() + 30
+    text = ""
+    while time.monotonic() < deadline:
+        files = glob.glob(f"/tmp/ray/session_*/logs/worker-*-{pid}.err")
+        text = "".join(open(f, errors="replace").read() for f in files)
+        if "Segmentation fault" in text and "Stack (most recent call first)" in text:
+            break
+        time.sleep(0.5)
+    return text
+
+
+def test_pages_are_read_only_in_every_reader(shared):
+    ref, _, holder = shared
+    assert ray.get(holder.perms.remote()).startswith("r--")
+    arr = protect.open_shared(ray.get(ref))
+    assert page_perms(arr.ctypes.data).startswith("r--")
+    assert not arr.flags.writeable
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_write_by_any_route_kills_the_writer_and_reaches_no_one(shared, route):
+    ref, crc, holder = shared
+    writer = Holder.remote()
+    pid = ray.get(writer.open.remote([ref]))
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(writer.write.remote(route))
+    log = worker_log(pid)
+    assert "Segmentation fault" in log and "in write" in log, log[-2000:]
+    assert ray.get(holder.crc.remote()) == crc  # another process still reads the original bytes
+    assert zlib.crc32(ray.get(ref)[1]) == crc
+
+
+def test_pages_are_writable_again_once_the_last_view_is_gone_and_memory_reuse_is_safe(ray_session):
+    holder = Holder.remote()
+    (held_ranges, held_perms), after, left = ray.get(holder.reuse.remote(40))
+    assert held_ranges == 1 and held_perms.startswith("r--")
+    assert after.startswith("rw")
+    assert left == 0
+    ray.kill(holder)
+
+
+def test_a_plain_buffer_protects_only_the_pages_wholly_inside_it():
+    buf = np.zeros(5 * protect.PAGE, np.uint8)
+    arr = protect.open_shared(buf[100 : 100 + 3 * protect.PAGE])
+    inner = -(-arr.ctypes.data // protect.PAGE) * protect.PAGE
+    assert page_perms(inner).startswith("r--")
+    assert page_perms(arr.ctypes.data).startswith("rw")  # the partial first page is shared with other memory
+    del arr
+    assert page_perms(inner).startswith("rw")
