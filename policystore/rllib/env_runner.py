@@ -10,6 +10,7 @@ would fail loudly rather than corrupt the league.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +22,7 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
 from ..errors import UnknownPolicyError
 from ..ids import SnapshotId
+from ..views import fast_reads
 from . import checkpoint, registry
 from .registry import FrozenEntry, LeagueFollower, LeagueState
 from .settings import LeagueSettings, NotSetUpError, find_settings
@@ -122,7 +124,8 @@ class SharedModulesMixin:
         store = self._policystore_settings().store()
         snapshot = entry.snapshot
         if self._device is None or torch.device(self._device).type == "cpu":
-            return store.load_module(snapshot.policy_id, build=entry.spec.build, version=snapshot.version)
+            module = store.load_module(snapshot.policy_id, build=entry.spec.build, version=snapshot.version)
+            return _with_fast_forwards(module)
         # A module on an accelerator cannot run on host views: one private device copy per EnvRunner.
         module = entry.spec.build().to(self._device)
         module.set_state(dict(store.get(snapshot.policy_id, version=snapshot.version)))
@@ -144,6 +147,25 @@ class SharedModulesMixin:
 
 class SharedEnvRunner(SharedModulesMixin, MultiAgentEnvRunner):
     """RLlib's MultiAgentEnvRunner with league-frozen modules as views into the node store."""
+
+
+def _with_fast_forwards(module: Any) -> Any:
+    """Run the sampling forward passes of a store-backed module on the store's read-only fast path.
+
+    An EnvRunner only reads a frozen module (RLlib's writes are filtered out in ``set_state``), and every op of
+    its forward would otherwise pay the write guard's per-op dispatch. The snapshot pages stay write-protected by
+    the OS inside the block.
+    """
+    for name in ("forward_inference", "forward_exploration"):
+        forward = getattr(module, name)
+
+        @functools.wraps(forward)
+        def fast(batch: Any, *args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
+            with fast_reads():
+                return _forward(batch, *args, **kwargs)
+
+        setattr(module, name, fast)
+    return module
 
 
 def check_env_runner_cls(runner: type | None) -> None:
