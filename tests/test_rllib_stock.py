@@ -24,11 +24,13 @@ def learner_weights(algorithm, module_id: str) -> dict[str, bytes]:
 
 
 def runner_weights(algorithm, module_id: str) -> list[dict[str, bytes]]:
-    """The module's weights on the local and the remote EnvRunners."""
-    states = algorithm.env_runner_group.foreach_env_runner(
-        lambda runner: runner.module[module_id].get_state(inference_only=True), local_env_runner=True
+    """The module's weights on the local EnvRunner, then on each remote one."""
+    local = algorithm.env_runner.module[module_id].get_state(inference_only=True)
+    remote = algorithm.env_runner_group.foreach_env_runner(
+        lambda runner: runner.module[module_id].get_state(inference_only=True), local_env_runner=False
     )
-    return [inference_bytes(algorithm, s) for s in states]
+    assert len(remote) == algorithm.env_runner_group.num_remote_env_runners()
+    return [inference_bytes(algorithm, s) for s in (local, *remote)]
 
 
 def inference_bytes(algorithm, state) -> dict[str, bytes]:
@@ -43,13 +45,14 @@ def test_stock_copies_random_until_the_next_sync_restored_bitwise_only_from_the_
         main = learner_weights(algorithm, "main")
         algorithm.add_module(module_id="main_v1", module_spec=RLModuleSpec.from_module(algorithm.get_module("main")),
                              new_agent_to_module_mapping_fn=opponent_mapping("main_v1"))
-        # RLlib builds the copy freshly initialised everywhere; setting the Learner's weights alone does not
-        # reach the EnvRunners: they play random weights until the next weight sync.
+        # RLlib builds the copy freshly initialised everywhere; setting the Learner's weights does not reach the
+        # EnvRunners: they play random weights until a weight sync.
         state = algorithm.learner_group.get_state(components="learner/rl_module/main")["learner"]["rl_module"]
         algorithm.learner_group.set_state({"learner": {"rl_module": {"main_v1": state["main"]}}})
         assert learner_weights(algorithm, "main_v1") == main
         assert all(w != main for w in runner_weights(algorithm, "main_v1"))
-        algorithm.set_state({"learner_group": {"learner": {"rl_module": {"main_v1": state["main"]}}}})  # syncs
+        algorithm.train()  # ends with a weight sync to every EnvRunner (main_v1 is not trained: still main's)
+        assert learner_weights(algorithm, "main_v1") == main
         assert runner_weights(algorithm, "main_v1") == [main, main]
         # A copy kept off the Learner (add_to_learners=False), given main's weights on every EnvRunner.
         algorithm.add_module(module_id="main_v2", module_spec=RLModuleSpec.from_module(algorithm.get_module("main")),
