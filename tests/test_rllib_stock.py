@@ -39,7 +39,8 @@ def inference_bytes(algorithm, state) -> dict[str, bytes]:
 
 
 def test_stock_copies_random_until_the_next_sync_restored_bitwise_only_from_the_learner(ray_session, tmp_path):
-    algorithm = ppo_config(env_runners=1, hidden=16, store=False).build_algo()
+    # RLlib's default widths: a restore rebuilds add_module'd copies from RLlib's defaults, not the spec's
+    algorithm = ppo_config(env_runners=1, hidden=256, store=False).build_algo()
     try:
         algorithm.train()
         main = learner_weights(algorithm, "main")

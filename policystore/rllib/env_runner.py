@@ -20,7 +20,7 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
-from ..errors import UnknownPolicyError
+from ..errors import CorruptSnapshotError, UnknownPolicyError
 from ..ids import SnapshotId
 from ..views import fast_reads
 from . import checkpoint, registry
@@ -123,12 +123,14 @@ class SharedModulesMixin:
     def _build_frozen(self, entry: FrozenEntry) -> torch.nn.Module:
         store = self._policystore_settings().store()
         snapshot = entry.snapshot
+        held = store.get(snapshot.policy_id, version=snapshot.version)
+        _check_listed(store, held)
         if self._device is None or torch.device(self._device).type == "cpu":
             module = store.load_module(snapshot.policy_id, build=entry.spec.build, version=snapshot.version)
             return _with_fast_forwards(module)
         # A module on an accelerator cannot run on host views: one private device copy per EnvRunner.
         module = entry.spec.build().to(self._device)
-        module.set_state(dict(store.get(snapshot.policy_id, version=snapshot.version)))
+        module.set_state(dict(held))
         module.eval()
         return module
 
@@ -147,6 +149,20 @@ class SharedModulesMixin:
 
 class SharedEnvRunner(SharedModulesMixin, MultiAgentEnvRunner):
     """RLlib's MultiAgentEnvRunner with league-frozen modules as views into the node store."""
+
+
+def _check_listed(store: Any, held: Any) -> None:
+    """Refuse a snapshot whose bytes are not what the store of the current Ray session lists under its id.
+
+    ``get`` may answer from this process's cache; after ``ray.shutdown()`` and a new ``ray.init()`` that cache can
+    hold an earlier session's snapshot under an id the new session reuses for other bytes.
+    """
+    listed = {row.id: row.checksum for row in store.list(held.id.policy_id)}
+    if listed.get(held.id) != held.checksum:
+        raise CorruptSnapshotError(
+            f"{held.id}: this process holds a copy with checksum {held.checksum}, but the store of this Ray session "
+            f"lists {listed.get(held.id) or 'no such snapshot'}; not attaching it as a frozen module"
+        )
 
 
 def _with_fast_forwards(module: Any) -> Any:
