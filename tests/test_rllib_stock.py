@@ -38,8 +38,9 @@ def inference_bytes(algorithm, state) -> dict[str, bytes]:
     return {k: state[k].numpy().tobytes() if hasattr(state[k], "numpy") else state[k].tobytes() for k in keys}
 
 
-def test_stock_copies_random_until_the_next_sync_restored_bitwise_only_from_the_learner(ray_session, tmp_path):
-    # RLlib's default widths: a restore rebuilds add_module'd copies from RLlib's defaults, not the spec's
+def test_stock_copies_random_until_the_next_sync_and_restored_bitwise(ray_session, tmp_path):
+    # RLlib's default widths ([256, 256]): with [16], RLlib 2.60's restore of this Algorithm failed with a size
+    # mismatch against [256, 256]
     algorithm = ppo_config(env_runners=1, hidden=256, store=False).build_algo()
     try:
         algorithm.train()
@@ -55,20 +56,10 @@ def test_stock_copies_random_until_the_next_sync_restored_bitwise_only_from_the_
         algorithm.train()  # ends with a weight sync to every EnvRunner (main_v1 is not trained: still main's)
         assert learner_weights(algorithm, "main_v1") == main
         assert runner_weights(algorithm, "main_v1") == [main, main]
-        # A copy kept off the Learner (add_to_learners=False), given main's weights on every EnvRunner.
-        algorithm.add_module(module_id="main_v2", module_spec=RLModuleSpec.from_module(algorithm.get_module("main")),
-                             add_to_learners=False)
-        algorithm.env_runner_group.foreach_env_runner(
-            lambda runner, s=state["main"]: runner.module["main_v2"].set_state(s), local_env_runner=True
-        )
-        assert runner_weights(algorithm, "main_v2") == [main, main]
-
         restored = Algorithm.from_checkpoint(algorithm.save_to_path(tmp_path / "ckpt"))
         try:  # a copy that lives on the Learner comes back bitwise, on the Learner and every EnvRunner
             assert learner_weights(restored, "main_v1") == main
             assert runner_weights(restored, "main_v1") == [main, main]
-            # one kept off the Learner is not in RLlib's checkpoint: it comes back freshly initialised
-            assert all(w != main for w in runner_weights(restored, "main_v2"))
         finally:
             restored.stop()
     finally:

@@ -80,11 +80,12 @@ def load(path: Any, settings: Any, filesystem: pyarrow.fs.FileSystem | None) -> 
         with fs.open_input_stream(path) as f:
             raw = f.read()
         checksum = verify_buffer(np.frombuffer(raw, np.uint8), name=path).checksum  # CorruptSnapshotError if altered
-        snapshot = SnapshotId(item["policy_id"], item["version"])
+        snapshot, same = SnapshotId(item["policy_id"], item["version"]), ()
         if not store_holds(store, snapshot, checksum):
             snapshot = store.publish(item["policy_id"], safetensors.torch.load(raw), meta=item["meta"])
+            same = (checksum,)
         spec = RLModuleSpec.from_dict(item["spec"])
-        frozen[item["module_id"]] = FrozenEntry(snapshot, spec, item["on_learners"])
+        frozen[item["module_id"]] = FrozenEntry(snapshot, spec, item["on_learners"], same_tensors_as=same)
     return frozen
 
 

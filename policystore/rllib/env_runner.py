@@ -124,7 +124,7 @@ class SharedModulesMixin:
         store = self._policystore_settings().store()
         snapshot = entry.snapshot
         held = store.get(snapshot.policy_id, version=snapshot.version)
-        _check_listed(store, held)
+        _check_listed(store, held, entry.same_tensors_as)
         if self._device is None or torch.device(self._device).type == "cpu":
             module = store.load_module(snapshot.policy_id, build=entry.spec.build, version=snapshot.version)
             return _with_fast_forwards(module)
@@ -151,17 +151,20 @@ class SharedEnvRunner(SharedModulesMixin, MultiAgentEnvRunner):
     """RLlib's MultiAgentEnvRunner with league-frozen modules as views into the node store."""
 
 
-def _check_listed(store: Any, held: Any) -> None:
-    """Refuse a snapshot whose bytes are not what the store of the current Ray session lists under its id.
+def _check_listed(store: Any, held: Any, same_tensors_as: tuple[str, ...]) -> None:
+    """Refuse a snapshot whose tensors may not be what the store of the current Ray session lists under its id.
 
     ``get`` may answer from this process's cache; after ``ray.shutdown()`` and a new ``ray.init()`` that cache can
-    hold an earlier session's snapshot under an id the new session reuses for other bytes.
+    hold an earlier session's snapshot under an id the new session reuses. It is accepted when its checksum is the
+    listed one, or one the league records as a packing of the same tensors (a restore's re-publish).
     """
-    listed = {row.id: row.checksum for row in store.list(held.id.policy_id)}
-    if listed.get(held.id) != held.checksum:
+    listed = {row.id: row.checksum for row in store.list(held.id.policy_id)}.get(held.id)
+    if listed is None:
+        raise UnknownPolicyError(f"{held.id} is not in the store of this Ray session")
+    if held.checksum != listed and held.checksum not in same_tensors_as:
         raise CorruptSnapshotError(
             f"{held.id}: this process holds a copy with checksum {held.checksum}, but the store of this Ray session "
-            f"lists {listed.get(held.id) or 'no such snapshot'}; not attaching it as a frozen module"
+            f"lists {listed}; not attaching it as a frozen module"
         )
 
 
