@@ -5,7 +5,8 @@ Every way RLlib writes module weights into an EnvRunner ends in ``EnvRunner.set_
 and each of them broadcasts the state of every module. Loading that into a module whose parameters are shared
 views would overwrite the snapshot for every process on the node, so ``set_state`` here drops the frozen
 module ids first. The views themselves also refuse writes (the store's guard), so a path that slipped through
-would fail loudly rather than corrupt the league.
+would fail loudly rather than corrupt the league. Sampling forwards of frozen modules run on the store's
+read-only fast path (``policystore.views.fast_reads``), where the OS write protection of the pages still holds.
 """
 
 from __future__ import annotations
