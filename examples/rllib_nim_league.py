@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         history = run(args)
     finally:
         ray.shutdown()
-    log.info("main's win rate by iteration: %s", [round(h["main_win_rate"], 2) for h in history])
+    log.info("main's win rate by iteration: %s", [round(float(h["main_win_rate"]), 2) for h in history])
 
 
 if __name__ == "__main__":
