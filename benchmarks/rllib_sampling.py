@@ -3,16 +3,19 @@
     python -m benchmarks.rllib_sampling --quick
     python -m benchmarks.rllib_sampling --frozen 4 --hidden 1024 --steps 4000 --repeats 7
 
-One Ray session, two Algorithms built from the same config (PPO on two-agent CartPole,
+One Ray session, three Algorithms built from the same config (PPO on two-agent CartPole,
 examples/rllib_cartpole_league.py, sampling in the driver's own EnvRunner: no actor call in the timing): stock RLlib
-with K frozen copies of ``main`` added as RLlib's league example does (``add_module`` + ``set_state``), and the
-store with the same K copies added by ``policystore.rllib.add_frozen`` (read-only views of the node's one copy).
+with K frozen copies of ``main`` added as RLlib's league example does (``add_module`` + ``set_state``), the store
+with the same K copies added by ``policystore.rllib.add_frozen`` (read-only views of the node's one copy,
+their forwards run under ``policystore.views.fast_reads()``), and the store without that fast path (``guarded``:
+every op of a frozen forward goes through the views' write-guard dispatch), to show what the fast path saves.
 Agent 0 plays ``main``, agent 1 the frozen copies in turn, so every step runs a forward pass of a frozen module.
-The two are timed in alternation, ``--repeats`` times each, so that drift in the machine's load hits both alike.
+The modes are timed in turn (the order reversed every other round), ``--repeats`` times each, so that drift in the
+machine's load hits all alike.
 
 Rows: one per (mode, repeat) with ``steps_per_s`` (env steps per wall second of ``EnvRunner.sample``) and
 ``cpu_ms_per_step`` (this process's CPU time per env step), then one ``summary`` row per mode with the medians and
-``vs_stock`` (the store's median steps/s over stock's). The load average is in every row: time it on a quiet
+``vs_stock`` (the mode's median steps/s over stock's). The load average is in every row: time it on a quiet
 machine (load well under the number of cores) before quoting it.
 """
 
@@ -28,7 +31,7 @@ from typing import Any
 from benchmarks.harness import Results, make_parser, progress, ray_session, setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("rllib", "rllib+store")
+MODES = ("rllib", "rllib+store", "rllib+store guarded")
 COLUMNS = ["mode", "repeat", "frozen", "hidden", "steps", "steps_per_s", "cpu_ms_per_step", "vs_stock", "loadavg_1m"]
 
 
@@ -41,6 +44,10 @@ def build(mode: str, frozen: int, hidden: int) -> Any:
     names = [f"main_v{i}" for i in range(1, frozen + 1)]
     for i, name in enumerate(names):
         freeze(algorithm, name, round_robin_mapping(names[: i + 1]), stock=stock)
+    if mode == "rllib+store guarded":
+        for name in names:  # drop the adapter's fast-path wrappers: every op goes through the write guard
+            for forward in ("forward_inference", "forward_exploration"):
+                vars(algorithm.env_runner.module[name]).pop(forward)
     return algorithm
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("ray.rllib")
 
@@ -36,7 +37,7 @@ def test_nim_rules():
     assert len(movers) == -(-stones // 3)
 
 
-def test_nim_league_with_store_backed_opponents(ray_session):
+def test_nim_league_with_store_backed_opponents(ray_session, monkeypatch):
     algorithm = build_config(parse_args(SHORT)).build_algo()
     try:
         sampled = {}
@@ -54,6 +55,23 @@ def test_nim_league_with_store_backed_opponents(ray_session):
         learners = algorithm.learner_group.foreach_learner(lambda learner: sorted(learner.module.keys()))
         assert [r.get() for r in learners] == [["main", "random"]]
         assert np.isfinite(result["learners"]["main"]["total_loss"])
+
+        # A frozen module's sampling forward skips the views' write-guard dispatch (the fast path); RLlib's
+        # unwrapped method would go through it on every op.
+        module, calls = algorithm.env_runner.module["main_v3"], []
+        guard = vars(policystore.SharedTensor)["__torch_function__"].__func__
+
+        def counting(cls, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return guard(cls, func, types, args, kwargs)
+
+        monkeypatch.setattr(policystore.SharedTensor, "__torch_function__", classmethod(counting))
+        batch = {"obs": torch.zeros(4, 16)}
+        module.forward_exploration(batch)
+        assert calls == []
+        type(module).forward_exploration(module, batch)
+        assert calls
+        monkeypatch.undo()
 
         # remove_frozen keeps the snapshot in the store (league history) unless told to delete it.
         store = policystore.connect()
