@@ -225,7 +225,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(show_path=False)])
 
-    ray.init(include_dashboard=False, logging_level="warning")
+    ray.init(address="local", include_dashboard=False, logging_level="warning")
     env, agents = make_env(args.env)
     algorithm = build_config(args, env, agents).build_algo()
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,21 +19,18 @@ from ray.rllib.algorithms.algorithm import Algorithm  # noqa: E402
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec  # noqa: E402
 
 import policystore  # noqa: E402
-from benchmarks.rllib_memory import init_ray, opponent_mapping, ppo_config  # noqa: E402
+from examples.rllib_cartpole_league import opponent_mapping, ppo_config  # noqa: E402
 from policystore.rllib import NotFrozenError, add_frozen, frozen_modules, remove_frozen  # noqa: E402
 
 pytestmark = pytest.mark.rllib
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def algo():
-    init_ray(object_store_bytes=1_000_000_000, extra_paths=[TESTS])
+def algo(ray_session):
     algorithm = ppo_config(env_runners=2, hidden=16).build_algo()
     algorithm.first_return = main_return(algorithm.train())  # the untrained policy, for the learning test
     yield algorithm
     algorithm.stop()
-    ray.shutdown()
 
 
 def main_return(result) -> float:

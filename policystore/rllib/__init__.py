@@ -14,11 +14,13 @@ from .callback import PolicyStoreCallback
 from .connectors import DropModulesNotOnLearner
 from .env_runner import SharedEnvRunner, SharedModulesMixin
 from .league import NotFrozenError, add_frozen, frozen_modules, remove_frozen, set_matchmaking
+from .settings import NotSetUpError
 from .setup import with_policystore
 
 __all__ = [
     "DropModulesNotOnLearner",
     "NotFrozenError",
+    "NotSetUpError",
     "PolicyStoreCallback",
     "SharedEnvRunner",
     "SharedModulesMixin",

@@ -1,4 +1,4 @@
-"""PolicyStoreCallback: names the league, connects the node stores, fits RLlib around store-backed modules."""
+"""PolicyStoreCallback: carries the league settings into every RLlib process and fits RLlib around them."""
 
 from __future__ import annotations
 
@@ -7,16 +7,14 @@ from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-import policystore
-
 from . import connectors
+from .env_runner import check_env_runner_cls, sync_all
+from .settings import DEFAULT_LEAGUE, LeagueSettings
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LEAGUE = "default"
 
-
-class PolicyStoreCallback(RLlibCallback):
+class PolicyStoreCallback(LeagueSettings, RLlibCallback):
     """Carries the league name and store settings to every process RLlib builds (driver, EnvRunners).
 
     RLlib instantiates callbacks in each EnvRunner from the config, so these settings also reach an EnvRunner
@@ -26,25 +24,11 @@ class PolicyStoreCallback(RLlibCallback):
     """
 
     def __init__(self, league: str = DEFAULT_LEAGUE, store_config: Any = None) -> None:
-        super().__init__()
-        self.league = league
-        self.store_config = store_config
-        self._store = None
-
-    def store(self) -> Any:
-        """This node's PolicyStore client (started if missing), cached per process."""
-        if self._store is None:
-            self._store = policystore.connect(self.store_config)
-        return self._store
+        RLlibCallback.__init__(self)
+        LeagueSettings.__init__(self, league, store_config)
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
-        from .env_runner import SharedModulesMixin
-
-        if not issubclass(algorithm.config.env_runner_cls or object, SharedModulesMixin):
-            raise TypeError(
-                "PolicyStoreCallback needs an EnvRunner with policystore.rllib.SharedModulesMixin "
-                f"(config.env_runners(env_runner_cls=SharedEnvRunner)); got {algorithm.config.env_runner_cls}"
-            )
+        check_env_runner_cls(algorithm.config.env_runner_cls)
         if algorithm.env_runner is None:
             logger.warning(
                 "no local EnvRunner (create_local_env_runner=False): checkpoints will not contain the frozen "
@@ -60,22 +44,3 @@ class PolicyStoreCallback(RLlibCallback):
 
     def on_env_runners_recreated(self, *, algorithm: Any, env_runner_group: Any, **kwargs: Any) -> None:
         env_runner_group.foreach_env_runner(lambda runner: runner.sync_league(), local_env_runner=False)
-
-
-def settings_of(algorithm: Any) -> PolicyStoreCallback:
-    """The PolicyStoreCallback instance of a built Algorithm (clear error if the config lacks it)."""
-    callbacks = algorithm.callbacks if isinstance(algorithm.callbacks, list) else [algorithm.callbacks]
-    for callback in callbacks:
-        if isinstance(callback, PolicyStoreCallback):
-            return callback
-    raise TypeError(
-        "this Algorithm was built without policystore.rllib.PolicyStoreCallback; build its config with "
-        "policystore.rllib.with_policystore(config)"
-    )
-
-
-def sync_all(algorithm: Any) -> None:
-    """Make every (training and evaluation) EnvRunner match the league now, not at its next sample."""
-    for group in (algorithm.env_runner_group, algorithm.eval_env_runner_group):
-        if group is not None:
-            group.foreach_env_runner(lambda runner: runner.sync_league(), local_env_runner=True)

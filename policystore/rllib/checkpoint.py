@@ -2,8 +2,10 @@
 
 RLlib checkpoints the Learners' modules only, so frozen modules kept off the Learners would come back from
 a restore as freshly initialised ones. The local EnvRunner's checkpoint folder gets a ``policystore/`` folder
-with each frozen snapshot (safetensors, no pickle) and the spec that builds it; restoring re-publishes a
-snapshot to the node store unless the store still holds identical bytes under the same id.
+with each frozen snapshot exactly as stored (safetensors layout with the store's checksum; no pickle) and the
+spec that builds it. Restoring verifies each file against its checksum, then re-publishes it unless the store of
+the current Ray session lists the same id with that checksum: a process-wide cache (e.g. views an Algorithm from
+an earlier Ray session still holds) is never taken as proof.
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow.fs
 import safetensors.torch
-import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from ..errors import UnknownPolicyError
+from ..format import verify_buffer
 from ..ids import SnapshotId
 from .registry import FrozenEntry
 
 FOLDER = "policystore"
 INDEX = "league.json"
-FORMAT = 1
+FORMAT = 2  # 2: each frozen_<i>.safetensors is the stored snapshot itself, checksum included
 
 
 def _fs(path: Any, filesystem: pyarrow.fs.FileSystem | None) -> tuple[pyarrow.fs.FileSystem, pathlib.Path]:
@@ -45,7 +48,7 @@ def save(
         snap = store.get(entry.snapshot.policy_id, version=entry.snapshot.version)
         name = f"frozen_{i}.safetensors"
         with fs.open_output_stream((folder / name).as_posix()) as f:
-            f.write(safetensors.torch.save({k: v.clone() for k, v in snap.items()}))
+            f.write(memoryview(snap.buffer))  # the snapshot as stored: safetensors layout, with its checksum
         index.append(
             {
                 "module_id": module_id,
@@ -73,26 +76,27 @@ def load(path: Any, settings: Any, filesystem: pyarrow.fs.FileSystem | None) -> 
     store = settings.store()
     frozen = {}
     for item in index["frozen"]:
-        with fs.open_input_stream((folder / item["file"]).as_posix()) as f:
-            weights = safetensors.torch.load(f.read())
-        snapshot = SnapshotId(item["policy_id"], item["version"])
-        if not _store_holds(store, snapshot, weights):
-            snapshot = store.publish(item["policy_id"], weights, meta=item["meta"])
+        path = (folder / item["file"]).as_posix()
+        with fs.open_input_stream(path) as f:
+            raw = f.read()
+        checksum = verify_buffer(np.frombuffer(raw, np.uint8), name=path).checksum  # CorruptSnapshotError if altered
+        snapshot, same = SnapshotId(item["policy_id"], item["version"]), ()
+        if not store_holds(store, snapshot, checksum):
+            snapshot = store.publish(item["policy_id"], safetensors.torch.load(raw), meta=item["meta"])
+            same = (checksum,)
         spec = RLModuleSpec.from_dict(item["spec"])
-        frozen[item["module_id"]] = FrozenEntry(snapshot, spec, item["on_learners"])
+        frozen[item["module_id"]] = FrozenEntry(snapshot, spec, item["on_learners"], same_tensors_as=same)
     return frozen
 
 
-def _store_holds(store: Any, snapshot: SnapshotId, weights: Mapping[str, torch.Tensor]) -> bool:
-    """Whether the store has ``snapshot`` with exactly these bytes (then the restore reuses it)."""
+def store_holds(store: Any, snapshot: SnapshotId, checksum: str) -> bool:
+    """Whether ``store`` lists ``snapshot`` with ``checksum`` (then a restore reuses it instead of re-publishing).
+
+    Asks the store itself (``list``), not this process's snapshot cache: after a ``ray.shutdown()`` and a new
+    ``ray.init()`` the cache can still hold the old session's copy while the new session's store is empty.
+    """
     try:
-        snap = store.get(snapshot.policy_id, version=snapshot.version)
+        rows = store.list(snapshot.policy_id)
     except UnknownPolicyError:
         return False
-    return set(snap) == set(weights) and all(_same_bytes(snap[k], weights[k]) for k in weights)
-
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    return any(row.id == snapshot and row.checksum == checksum and not row.error for row in rows)

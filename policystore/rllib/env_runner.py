@@ -5,11 +5,13 @@ Every way RLlib writes module weights into an EnvRunner ends in ``EnvRunner.set_
 and each of them broadcasts the state of every module. Loading that into a module whose parameters are shared
 views would overwrite the snapshot for every process on the node, so ``set_state`` here drops the frozen
 module ids first. The views themselves also refuse writes (the store's guard), so a path that slipped through
-would fail loudly rather than corrupt the league.
+would fail loudly rather than corrupt the league. Sampling forwards of frozen modules run on the store's
+read-only fast path (``policystore.views.fast_reads``), where the OS write protection of the pages still holds.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -19,11 +21,12 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
-from ..errors import UnknownPolicyError
+from ..errors import CorruptSnapshotError, UnknownPolicyError
 from ..ids import SnapshotId
+from ..views import fast_reads
 from . import checkpoint, registry
-from .callback import PolicyStoreCallback
 from .registry import FrozenEntry, LeagueFollower, LeagueState
+from .settings import LeagueSettings, NotSetUpError, find_settings
 
 logger = logging.getLogger(__name__)
 
@@ -88,15 +91,8 @@ class SharedModulesMixin:
 
     # -- internals -------------------------------------------------------------------------------------------
 
-    def _policystore_settings(self) -> PolicyStoreCallback:
-        for callback in self._callbacks:
-            if isinstance(callback, PolicyStoreCallback):
-                return callback
-        raise TypeError(
-            f"{type(self).__name__} needs policystore.rllib.PolicyStoreCallback among config.callbacks (it "
-            "names the league and the store settings); build the config with "
-            "policystore.rllib.with_policystore(config)"
-        )
+    def _policystore_settings(self) -> LeagueSettings:
+        return find_settings(self._callbacks, type(self).__name__)
 
     def _league_entry(self, module_id: str) -> FrozenEntry:
         return self._league_state.frozen[module_id]
@@ -128,11 +124,14 @@ class SharedModulesMixin:
     def _build_frozen(self, entry: FrozenEntry) -> torch.nn.Module:
         store = self._policystore_settings().store()
         snapshot = entry.snapshot
+        held = store.get(snapshot.policy_id, version=snapshot.version)
+        _check_listed(store, held, entry.same_tensors_as)
         if self._device is None or torch.device(self._device).type == "cpu":
-            return store.load_module(snapshot.policy_id, build=entry.spec.build, version=snapshot.version)
+            module = store.load_module(snapshot.policy_id, build=entry.spec.build, version=snapshot.version)
+            return _with_fast_forwards(module)
         # A module on an accelerator cannot run on host views: one private device copy per EnvRunner.
         module = entry.spec.build().to(self._device)
-        module.set_state(dict(store.get(snapshot.policy_id, version=snapshot.version)))
+        module.set_state(dict(held))
         module.eval()
         return module
 
@@ -151,3 +150,57 @@ class SharedModulesMixin:
 
 class SharedEnvRunner(SharedModulesMixin, MultiAgentEnvRunner):
     """RLlib's MultiAgentEnvRunner with league-frozen modules as views into the node store."""
+
+
+def _check_listed(store: Any, held: Any, same_tensors_as: tuple[str, ...]) -> None:
+    """Refuse a snapshot whose tensors may not be what the store of the current Ray session lists under its id.
+
+    ``get`` may answer from this process's cache; after ``ray.shutdown()`` and a new ``ray.init()`` that cache can
+    hold an earlier session's snapshot under an id the new session reuses. It is accepted when its checksum is the
+    listed one, or one the league records as a packing of the same tensors (a restore's re-publish).
+    """
+    listed = {row.id: row.checksum for row in store.list(held.id.policy_id)}.get(held.id)
+    if listed is None:
+        raise UnknownPolicyError(f"{held.id} is not in the store of this Ray session")
+    if held.checksum != listed and held.checksum not in same_tensors_as:
+        raise CorruptSnapshotError(
+            f"{held.id}: this process holds a copy with checksum {held.checksum}, but the store of this Ray session "
+            f"lists {listed}; not attaching it as a frozen module"
+        )
+
+
+def _with_fast_forwards(module: Any) -> Any:
+    """Run the sampling forward passes of a store-backed module on the store's read-only fast path.
+
+    An EnvRunner only reads a frozen module (RLlib's writes are filtered out in ``set_state``), and every op of
+    its forward would otherwise pay the write guard's per-op dispatch. The snapshot pages stay write-protected by
+    the OS inside the block.
+    """
+    for name in ("forward_inference", "forward_exploration"):
+        forward = getattr(module, name)
+
+        @functools.wraps(forward)
+        def fast(batch: Any, *args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
+            with fast_reads():
+                return _forward(batch, *args, **kwargs)
+
+        setattr(module, name, fast)
+    return module
+
+
+def check_env_runner_cls(runner: type | None) -> None:
+    """Raise NotSetUpError unless ``runner`` (a config's env_runner_cls) keeps frozen modules in the store."""
+    if runner is None or not issubclass(runner, SharedModulesMixin):
+        name = getattr(runner, "__name__", "MultiAgentEnvRunner")
+        raise NotSetUpError(
+            f"env_runner_cls {name} does not keep frozen modules in the store: use "
+            f"policystore.rllib.SharedEnvRunner, or define class My{name}(policystore.rllib.SharedModulesMixin, "
+            f"{name}) and pass that (with_policystore(config) sets SharedEnvRunner when none is set)"
+        )
+
+
+def sync_all(algorithm: Any) -> None:
+    """Make every (training and evaluation) EnvRunner match the league now, not at its next sample."""
+    for group in (algorithm.env_runner_group, algorithm.eval_env_runner_group):
+        if group is not None:
+            group.foreach_env_runner(lambda runner: runner.sync_league(), local_env_runner=True)

@@ -15,8 +15,9 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ..errors import PolicyStoreError
 from ..ids import SnapshotId
 from . import registry
-from .callback import settings_of, sync_all
+from .env_runner import sync_all
 from .registry import FrozenEntry
+from .settings import LeagueSettings, find_settings
 
 
 class NotFrozenError(PolicyStoreError, KeyError):
@@ -129,6 +130,11 @@ def set_matchmaking(
 def frozen_modules(algorithm: Any) -> dict[str, SnapshotId]:
     """The league's frozen module ids and the snapshots they are views of."""
     return {mid: e.snapshot for mid, e in registry.read(settings_of(algorithm).league).frozen.items()}
+
+
+def settings_of(algorithm: Any) -> LeagueSettings:
+    """The league settings of a built Algorithm (NotSetUpError if its config lacks PolicyStoreCallback)."""
+    return find_settings(algorithm.callbacks, "this Algorithm")
 
 
 def _module_ids(algorithm: Any) -> list[str]:

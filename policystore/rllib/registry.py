@@ -30,6 +30,9 @@ class FrozenEntry:
     snapshot: SnapshotId
     spec: RLModuleSpec
     on_learners: bool = False
+    # Checksums of other packings of exactly these tensors (a restore re-publishes a checkpoint's snapshot: same
+    # tensors, new pack metadata, new checksum); a process still holding such a packing may use it.
+    same_tensors_as: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

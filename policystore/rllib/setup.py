@@ -11,7 +11,7 @@ from ray.rllib.utils import force_list
 
 from ..ids import check_policy_id
 from .callback import PolicyStoreCallback
-from .env_runner import SharedEnvRunner, SharedModulesMixin
+from .env_runner import SharedEnvRunner, check_env_runner_cls
 
 
 def with_policystore(config: Any, *, league: str | None = None, store_config: Any = None) -> Any:
@@ -23,14 +23,9 @@ def with_policystore(config: Any, *, league: str | None = None, store_config: An
     """
     league = league or f"league-{uuid.uuid4().hex[:12]}"
     check_policy_id(f"{league}.x")  # frozen snapshots are published as "<league>.<module_id>"
-    runner = config.env_runner_cls
-    if runner is None:
+    if config.env_runner_cls is None:
         config.env_runners(env_runner_cls=SharedEnvRunner)
-    elif not issubclass(runner, SharedModulesMixin):
-        raise TypeError(
-            f"env_runner_cls {runner.__name__} does not keep frozen modules in the store: define "
-            f"class My{runner.__name__}(policystore.rllib.SharedModulesMixin, {runner.__name__}) and use that"
-        )
+    check_env_runner_cls(config.env_runner_cls)
     callbacks = [c for c in force_list(config.callbacks_class) if c is not RLlibCallback]
     if any(isinstance(c, functools.partial) and c.func is PolicyStoreCallback or c is PolicyStoreCallback
            for c in callbacks):
