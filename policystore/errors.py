@@ -49,3 +49,11 @@ class ReadOnlyWeightsError(PolicyStoreError, RuntimeError):
 
 class ShapeMismatchError(PolicyStoreError, ValueError):
     """A snapshot whose tensors do not fit the module it is loaded into."""
+
+
+class UnknownMetricError(PolicyStoreError, LookupError):
+    """A metric name the store does not export (a typo would otherwise export nothing, silently)."""
+
+
+class DurableTierError(PolicyStoreError, OSError):
+    """The durable tier (object storage or a shared folder) could not be written or read: nothing was committed."""
