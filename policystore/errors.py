@@ -57,3 +57,8 @@ class UnknownMetricError(PolicyStoreError, LookupError):
 
 class DurableTierError(PolicyStoreError, OSError):
     """The durable tier (object storage or a shared folder) could not be written or read: nothing was committed."""
+
+
+class SnapshotFolderError(PolicyStoreError, OSError):
+    """A snapshot folder that cannot be used safely: missing, not a real folder (a symlink), or a private spill
+    folder owned by another user (who could then swap or read the snapshots)."""

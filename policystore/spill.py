@@ -1,48 +1,87 @@
-"""The disk tier: one file per snapshot, ``<root>/<policy_id>/<version>.safetensors[.lz4]``.
+"""The disk tier: one file per snapshot, ``<root>/<policy_id>/<version:010d>.safetensors[.lz4]``.
 
-A file holds exactly the snapshot's buffer (lz4-framed when that saves space), so ``safetensors.safe_open`` reads
-it directly, or after ``lz4.frame.decompress``. Writes go to a temp file in the same folder, are fsync'd, and are
-renamed into place by ``commit`` (then the folder is fsync'd): a crash leaves either the whole file or none.
-The checksum is recomputed while writing and again on every read, so a corrupt file is never served.
+A file holds the snapshot's buffer (lz4-framed when that saves space), so ``safetensors.safe_open`` reads it
+directly, or after ``lz4.frame.decompress``. The writer adds the version to the header's metadata
+(``policystore.version``; the checksum does not cover it), so a file says which snapshot it is. Writes go to a
+temp file in the same folder, are fsync'd, and are renamed into place by ``commit`` (then the folder is fsync'd):
+a crash leaves either the whole file or none.
+
+Nothing on disk is trusted. A read checks the file's own checksum, the policy id and version recorded inside it,
+and (``expect``) the checksum the catalog recorded at publish; a file that fails is never served and never
+deleted: it is moved to ``<root>/.quarantine/`` with a reason. The tier works through file descriptors of its own
+folders and opens nothing through a symlink, so nothing outside the root is read, adopted or deleted; the root
+must belong to the running user, and a private tier creates folders 0700 and files 0600.
 """
 
 from __future__ import annotations
 
 import errno
 import itertools
+import json
 import logging
 import mmap
 import os
 import queue
 import re
+import stat
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, TypeVar
 
 import lz4.frame
 import numpy as np
 
-from .errors import CorruptSnapshotError, DiskFullError
+from .errors import CorruptSnapshotError, DiskFullError, InvalidPolicyIdError, SnapshotFolderError
 from .format import (
+    MAX_HEADER_BYTES,
+    META_POLICY,
     Header,
     check_checksum,
     checksum_of,
     iter_data,
     parse_header,
-    verify_buffer,
 )
-from .ids import SnapshotId
+from .ids import SnapshotId, check_policy_id
+from .wire import QuarantineRecord
 
 log = logging.getLogger(__name__)
 
 RAW_SUFFIX = ".safetensors"
 LZ4_SUFFIX = ".safetensors.lz4"
+META_VERSION = "policystore.version"  # recorded by the writer; not covered by the checksum
+QUARANTINE = ".quarantine"  # not a valid policy id, so it never clashes with a policy's folder
+MAX_LZ4_RATIO = 32  # an lz4 file may claim at most this many bytes per stored byte (the writer keeps to it)
+_LZ4_FLOOR = 1024 * 1024  # ... or this much, for tiny files
 _FILE = re.compile(r"(\d{10})(\.safetensors(?:\.lz4)?)")
 _TMP_PREFIX = ".tmp-"
+_REASON_SUFFIX = ".reason.json"
 _PROBE_BYTES = 4 * 1024 * 1024  # compress this much first; store raw if lz4 saves < 10% on it
-_READ_CHUNK = 16 * 1024 * 1024
+_OVERLAP_BYTES = 8 * 1024 * 1024  # raw files at least this big are checksummed on a thread while put copies them
+_READ_CHUNK = 4 * 1024 * 1024  # compressed bytes per step: keeps the decompressed pieces a few MiB
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO in place of a file cannot hang us
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: map and read the whole file in one call
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the catalog recorded at publish: a file must hold exactly this snapshot to be served."""
+
+    policy_id: str
+    version: int
+    checksum: str
+
+    @property
+    def id(self) -> SnapshotId:
+        return SnapshotId(self.policy_id, self.version)
 
 
 @dataclass(frozen=True)
@@ -63,22 +102,383 @@ class DiskEntry:
     header: Header
 
 
+@dataclass(frozen=True)
+class ScanResult:
+    """A startup scan: the files adopted, what was left alone (and why), the files moved to quarantine."""
+
+    entries: list[DiskEntry]
+    skipped: list[str]
+    quarantined: list[str]
+
+
+@dataclass
+class Survey:
+    """A read-only look at a snapshot folder: good files, junk left alone, damaged files, unfinished temps."""
+
+    entries: list[DiskEntry] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    damaged: list[tuple[SnapshotId, Path, str]] = field(default_factory=list)
+    temps: list[Path] = field(default_factory=list)
+    others: list[Path] = field(default_factory=list)  # other regular files in policy folders (also in skipped)
+
+
+class _NotTheFile(CorruptSnapshotError):
+    """A read failed for a reason that is not the file's fault (gone, I/O error, wrong request): no quarantine."""
+
+
+# ---- layout ------------------------------------------------------------------------------------------------
+def file_name(version: int, compressed: bool) -> str:
+    return f"{version:010d}{LZ4_SUFFIX if compressed else RAW_SUFFIX}"
+
+
+def parse_file_name(name: str) -> tuple[int, bool] | None:
+    """(version, compressed) of a committed snapshot file name, else None."""
+    match = _FILE.fullmatch(name)
+    if not match or int(match.group(1)) < 1:
+        return None
+    return int(match.group(1)), match.group(2) == LZ4_SUFFIX
+
+
+def open_folder_fd(path: str | os.PathLike, *, follow: bool) -> int:
+    """A descriptor of the folder ``path`` (``follow``: the last component may be a symlink); SnapshotFolderError."""
+    try:
+        return os.open(path, _DIR_FLAGS if not follow else _DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError as exc:
+        raise SnapshotFolderError(exc.errno, f"snapshot folder {path}: {_why(exc, path)}") from None
+
+
+def _why(exc: OSError, path: str | os.PathLike, dir_fd: int | None = None) -> str:
+    """What an OSError from opening ``path`` without following symlinks means, in words."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        try:
+            if stat.S_ISLNK(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                return "a symlink (never followed)"
+        except OSError:
+            pass
+    return exc.strerror or str(exc)
+
+
+@contextmanager
+def _subfolder(name: str, dir_fd: int) -> Iterator[int]:
+    """A policy folder inside ``dir_fd``, never through a symlink (ELOOP/ENOTDIR raise OSError)."""
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def survey(root: Path, root_fd: int, policy_id: str | None = None, *, owner: int | None = None) -> Survey:
+    """Every snapshot file under ``root_fd`` (or in ``policy_id``'s folder; headers only), changing nothing;
+    never raises on junk.
+
+    Only folders named like policy ids are entered and only regular files named like snapshots are read (and,
+    given ``owner``, only those that uid owns); a file whose header does not parse, or says it is another
+    snapshot than its place says, is ``damaged``.
+    """
+    found = Survey()
+    for name in sorted(os.listdir(root_fd)) if policy_id is None else [policy_id]:
+        if name == QUARANTINE:
+            continue
+        where = root / name
+        try:
+            check_policy_id(name)
+            with _subfolder(name, root_fd) as folder_fd:
+                if owner is not None and os.fstat(folder_fd).st_uid != owner:
+                    found.skipped.append(f"{where}: owned by uid {os.fstat(folder_fd).st_uid}, not {owner}")
+                    continue
+                _survey_policy(found, where, name, folder_fd, owner)
+        except InvalidPolicyIdError:
+            found.skipped.append(f"{where}: not a policy folder")
+        except OSError as exc:
+            if policy_id is None or exc.errno != errno.ENOENT:
+                found.skipped.append(f"{where}: {_why(exc, name, root_fd)}")
+    return found
+
+
+def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int, owner: int | None) -> None:
+    seen: set[int] = set()
+    for name in sorted(os.listdir(folder_fd)):
+        path = folder / name
+        try:
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        except OSError as exc:
+            found.skipped.append(f"{path}: {exc.strerror}")
+            continue
+        parsed = parse_file_name(name)
+        if name.startswith(_TMP_PREFIX) and stat.S_ISREG(st.st_mode):
+            found.temps.append(path)
+        elif parsed is None or not stat.S_ISREG(st.st_mode):
+            if stat.S_ISREG(st.st_mode):
+                found.others.append(path)
+            found.skipped.append(f"{path}: {'not a snapshot file' if parsed is None else 'not a regular file'}")
+        elif owner is not None and st.st_uid != owner:
+            found.skipped.append(f"{path}: owned by uid {st.st_uid}, not {owner}")
+        elif parsed[0] in seen:
+            found.skipped.append(f"{path}: a second file for version {parsed[0]}")
+        else:
+            seen.add(parsed[0])
+            sid = SnapshotId(policy_id, parsed[0])
+            file = SpillFile(path, parsed[1], st.st_size)
+            try:
+                fd = os.open(name, READ_FLAGS, dir_fd=folder_fd)
+                with open(fd, "rb", buffering=0) as f:
+                    header = read_header(f, file, sid)
+                found.entries.append(DiskEntry(sid, file, header))
+            except OSError as exc:
+                found.skipped.append(f"{path}: {exc.strerror}")
+            except Exception as exc:  # any header that does not parse: the file is damaged, whatever the error
+                found.damaged.append((sid, path, f"{exc} [file {path}]"))
+
+
+# ---- reading (shared with reader.py) -------------------------------------------------------------------------
+def read_header(f: BinaryIO, file: SpillFile, sid: SnapshotId) -> Header:
+    """Parse a file's header (bounded reads; only the first frames of an lz4 file) and check it is ``sid``."""
+    what = str(sid)
+    if file.compressed:
+        total = _lz4_claimed_size(f, file.file_bytes, what)
+        head = _lz4_prefix(f, 8)
+        head += _lz4_prefix(f, _header_len(head, total, what), skip=8)
+    else:
+        total = file.file_bytes
+        head = f.read(8)
+        head += f.read(_header_len(head, total, what))
+    header = parse_header(head, name=what, total=total)
+    check_identity(header, sid, None, what)
+    return header
+
+
+def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, what: str) -> None:
+    """CorruptSnapshotError unless the header is ``sid`` (policy id and, if recorded, version) with the
+    checksum the catalog recorded. A file written before versions were recorded passes on policy and checksum."""
+    inside = header.metadata.get(META_POLICY)
+    if inside != sid.policy_id:
+        raise CorruptSnapshotError(f"{what}: the file holds a snapshot of policy {inside!r}, not {sid.policy_id!r}")
+    version = header.metadata.get(META_VERSION)
+    if version is not None and version != str(sid.version):
+        raise CorruptSnapshotError(f"{what}: the file holds version {version!r}, not {sid.version}")
+    if expect is not None and header.checksum != expect.checksum:
+        raise CorruptSnapshotError(
+            f"{what}: the file records checksum {header.checksum or 'none'}, the catalog {expect.checksum}"
+        )
+
+
+def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expected | None,
+         put: Callable[[np.ndarray], T]) -> T:
+    """``put(buffer)`` of the file's snapshot, returned only once the buffer is verified (see DiskTier.read).
+
+    A raw file is mapped read-only and read in one call; its checksum runs on a helper thread while ``put``
+    copies it (both release the GIL), so the check adds little to the copy. An lz4 file is decompressed into a
+    buffer no larger than its header describes (and at most MAX_LZ4_RATIO times the file) while this thread
+    checksums what has arrived. Content problems raise CorruptSnapshotError, anything else _NotTheFile.
+    """
+    if expect is not None and expect.id != sid:
+        raise _NotTheFile(f"{what}: asked to read {file.path} as {expect.id}")
+    try:
+        if file.compressed:
+            buf = _lz4_read_verified(f, file, sid, what, expect)
+            return put(buf)
+        buf = _map_readonly(f)
+        header = _parse(buf, what, len(buf))
+        check_identity(header, sid, expect, what)
+        return _put_while_checking(buf, header, what, put)
+    except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
+        raise CorruptSnapshotError(f"{what}: not a valid lz4 frame ({exc})") from None
+    except OSError as exc:
+        raise _NotTheFile(f"{what}: cannot read {file.path} ({exc.strerror})") from None
+
+
+def _parse(buf: np.ndarray | bytes, what: str, total: int) -> Header:
+    try:
+        return parse_header(buf, name=what, total=total)
+    except CorruptSnapshotError:
+        raise
+    except Exception as exc:  # a header pathological enough to break the parser is still just a bad header
+        raise CorruptSnapshotError(f"{what}: unreadable header ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _header_len(head: bytes, total: int, what: str) -> int:
+    if len(head) < 8:
+        raise CorruptSnapshotError(f"{what}: {total} bytes is too short for a safetensors header")
+    length = int.from_bytes(head[:8], "little")
+    if length > min(MAX_HEADER_BYTES, total - 8):
+        raise CorruptSnapshotError(f"{what}: header length {length} does not fit a buffer of {total} bytes")
+    return length
+
+
+def _put_while_checking(buf: np.ndarray, header: Header, what: str, put: Callable[[np.ndarray], T]) -> T:
+    if header.nbytes < _OVERLAP_BYTES:  # a small buffer checks faster than a thread starts
+        check_checksum(header, checksum_of(header, iter_data(header, buf)), what)
+        return put(buf)
+    result: list = []
+    checker = threading.Thread(
+        target=lambda: result.append(_catch(lambda: checksum_of(header, iter_data(header, buf)))),
+        name="policystore-checksum", daemon=True,
+    )
+    checker.start()
+    try:
+        out = put(buf)
+    finally:
+        checker.join()
+    actual, error = result[0]
+    if error is not None:
+        raise error
+    check_checksum(header, actual, what)
+    return out
+
+
+def _catch(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    try:
+        return fn(), None
+    except BaseException as exc:  # handed to the waiting thread, which re-raises it
+        return None, exc
+
+
+def _map_readonly(f: BinaryIO) -> np.ndarray:
+    """The whole file as a read-only uint8 array over a shared read-only map, read in by the map call itself."""
+    size = os.fstat(f.fileno()).st_size
+    if not size:
+        return np.empty(0, dtype=np.uint8)
+    mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def _lz4_claimed_size(f: BinaryIO, file_bytes: int, what: str) -> int:
+    """The decompressed size an lz4 frame records, refused unless a file of ``file_bytes`` can honestly hold it."""
+    size = int(lz4.frame.get_frame_info(f.read(32))["content_size"])
+    f.seek(0)
+    if not size:
+        raise CorruptSnapshotError(f"{what}: the lz4 frame does not record its size (policystore always does)")
+    if size > max(file_bytes * MAX_LZ4_RATIO, _LZ4_FLOOR):
+        raise CorruptSnapshotError(
+            f"{what}: an lz4 file of {file_bytes} bytes claims {size} bytes (more than {MAX_LZ4_RATIO}x): refused"
+        )
+    return size
+
+
+def _lz4_prefix(f: BinaryIO, n: int, *, skip: int = 0) -> bytes:
+    """Bytes ``skip .. skip + n`` of the decompressed stream (from the start of the frame), never more."""
+    f.seek(0)
+    decompressor = lz4.frame.LZ4FrameDecompressor()
+    out = bytearray()
+    while len(out) < skip + n and not decompressor.eof:
+        data = f.read(64 * 1024) if decompressor.needs_input else b""
+        if not data and decompressor.needs_input:
+            break
+        out += decompressor.decompress(data, max_length=skip + n - len(out))
+    return bytes(out[skip : skip + n])
+
+
+def _lz4_read_verified(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str,
+                       expect: Expected | None) -> np.ndarray:
+    """Decompress on a helper thread into a buffer of the recorded size; check header and checksum meanwhile."""
+    buf = np.empty(_lz4_claimed_size(f, file.file_bytes, what), dtype=np.uint8)
+    arrived: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def work() -> None:
+        arrived.put(_catch(lambda: _lz4_fill(f, buf, arrived.put, stop)))
+
+    def landed() -> Iterator[int]:
+        while not isinstance(item := arrived.get(), tuple):
+            yield item
+        filled, error = item
+        if error is not None:
+            raise error
+        if filled != len(buf):
+            raise CorruptSnapshotError(f"{what}: file is truncated (only {filled} of {len(buf)} bytes arrived)")
+
+    worker = threading.Thread(target=work, name="policystore-restore", daemon=True)
+    worker.start()
+    try:
+        view = memoryview(buf)
+        progress, filled = landed(), 0
+        for filled in progress:  # the header first: it says where the data starts and what it must hash to
+            if filled >= 8 and filled >= 8 + int.from_bytes(view[:8], "little"):
+                break
+        header = _parse(view[:filled], what, len(buf))
+        check_identity(header, sid, expect, what)
+
+        def data() -> Iterator[memoryview]:
+            start = header.data_offset
+            for end in itertools.chain([filled], progress):
+                if end > start:
+                    yield view[start:end]
+                    start = end
+
+        check_checksum(header, checksum_of(header, data()), what)
+    finally:
+        stop.set()
+        worker.join()
+    return buf
+
+
+def _lz4_fill(f: BinaryIO, buf: np.ndarray, progress: Callable[[int], None], stop: threading.Event) -> int:
+    decompressor = lz4.frame.LZ4FrameDecompressor()
+    got = 0
+    while not decompressor.eof and not stop.is_set():
+        data = f.read(_READ_CHUNK // 4) if decompressor.needs_input else b""
+        if not data and decompressor.needs_input:
+            break
+        out = decompressor.decompress(data, max_length=min(_READ_CHUNK, len(buf) - got + 1))
+        if got + len(out) > len(buf):
+            raise CorruptSnapshotError(f"the lz4 frame holds more than the {len(buf)} bytes it records")
+        buf[got : got + len(out)] = np.frombuffer(out, dtype=np.uint8)
+        got += len(out)
+        progress(got)
+    if decompressor.eof and (decompressor.unused_data or f.read(1)):
+        raise CorruptSnapshotError("bytes follow the end of the lz4 frame")
+    return got
+
+
+# ---- the tier ------------------------------------------------------------------------------------------------
 class DiskTier:
-    def __init__(self, root: str | os.PathLike, *, compress: bool = True, capacity_bytes: int | None = None):
-        self.root = Path(root)
+    """One node's spill folder (or a mounted durable folder, ``private=False``)."""
+
+    def __init__(self, root: str | os.PathLike, *, compress: bool = True, capacity_bytes: int | None = None,
+                 private: bool = True):
+        self.root = Path(os.path.abspath(root))
         self.compress = compress
         self.capacity_bytes = capacity_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.private = private
+        self._dir_mode, self._file_mode = (0o700, 0o600) if private else (0o755, 0o644)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+        except OSError as exc:
+            raise SnapshotFolderError(exc.errno, f"cannot create spill folder {self.root}: {exc.strerror}") from None
+        self._fd = open_folder_fd(self.root, follow=not private)
+        weakref.finalize(self, os.close, self._fd)
+        if private:
+            self._check_private()
+
+    def _check_private(self) -> None:
+        """A private tier's root must be this user's: another user could swap or read the files otherwise."""
+        st = os.fstat(self._fd)
+        if st.st_uid != os.geteuid():
+            raise SnapshotFolderError(
+                errno.EPERM, f"spill folder {self.root} belongs to uid {st.st_uid}, not to this user "
+                f"(uid {os.geteuid()}): refusing to keep snapshots where another user controls them",
+            )
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            log.info("spill folder %s was mode %o: made private (0700)", self.root, stat.S_IMODE(st.st_mode))
+            os.fchmod(self._fd, 0o700)
 
     def path_for(self, sid: SnapshotId, compressed: bool) -> Path:
-        return self.root / sid.policy_id / f"{sid.version:010d}{LZ4_SUFFIX if compressed else RAW_SUFFIX}"
+        return self.root / check_policy_id(sid.policy_id) / file_name(sid.version, compressed)
 
     def find(self, sid: SnapshotId) -> SpillFile | None:
-        """The committed file of ``sid``, raw or compressed, if there is one."""
-        for compressed in (False, True):
-            path = self.path_for(sid, compressed)
-            if path.exists():
-                return SpillFile(path, compressed, path.stat().st_size)
+        """The committed file of ``sid``, raw or compressed, if there is one (regular files only)."""
+        try:
+            with _subfolder(check_policy_id(sid.policy_id), self._fd) as folder:
+                for compressed in (False, True):
+                    try:
+                        st = os.stat(file_name(sid.version, compressed), dir_fd=folder, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        return SpillFile(self.path_for(sid, compressed), compressed, st.st_size)
+        except OSError:
+            pass  # no folder, or not a real one
         return None
 
     # ---- writing -------------------------------------------------------------------------------------------
@@ -90,208 +490,238 @@ class DiskTier:
                 f"spill tier full: {what} needs up to {nbytes} bytes, {committed_bytes + pending_bytes} of "
                 f"disk_capacity_bytes={self.capacity_bytes} in use",
             )
-        stat = os.statvfs(self.root)
-        free = stat.f_bavail * stat.f_frsize - pending_bytes
+        st = os.statvfs(self._fd)
+        free = st.f_bavail * st.f_frsize - pending_bytes
         if nbytes > free:
             raise DiskFullError(
                 errno.ENOSPC,
                 f"no space left for {what}: needs up to {nbytes} bytes, {max(free, 0)} free on {self.root}",
             )
 
-    def write_temp(self, policy_id: str, buf: np.ndarray, header: Header, what: str) -> SpillFile:
-        """Write ``buf`` to a fsync'd temp file next to its final place; check the checksum on the way."""
-        folder = self.root / policy_id
-        folder.mkdir(parents=True, exist_ok=True)
+    def write_temp(self, sid: SnapshotId, buf: np.ndarray, header: Header, what: str | None = None) -> SpillFile:
+        """Write ``buf`` (with ``sid``'s version added to its header) to a fsync'd temp file next to its final
+        place; the checksum is recomputed on the way, so a copy changed after publish is never written."""
+        what = what or str(sid)
+        if header.metadata.get(META_POLICY) != sid.policy_id:
+            raise CorruptSnapshotError(f"{what}: buffer holds policy {header.metadata.get(META_POLICY)!r}")
+        head = _versioned_head(buf, header, sid.version)
+        total = len(head) + header.nbytes - header.data_offset
         compressed = self.compress and _worth_compressing(buf)
-        tmp = folder / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
-        view = memoryview(buf).cast("B")
+        tmp = f"{_TMP_PREFIX}{uuid.uuid4().hex}"
         try:
-            with open(tmp, "wb") as f:
-                if compressed:
-                    with lz4.frame.LZ4FrameCompressor(block_linked=False) as comp:
-                        f.write(comp.begin(len(view)))
-                        f.write(comp.compress(view[: header.data_offset]))
-                        actual = checksum_of(header, _tee(iter_data(header, buf), lambda c: f.write(comp.compress(c))))
-                        f.write(comp.flush())
-                else:
-                    f.write(view[: header.data_offset])
-                    actual = checksum_of(header, _tee(iter_data(header, buf), f.write))
-                f.flush()
-                os.fsync(f.fileno())
-            if actual != header.checksum:
-                raise CorruptSnapshotError(
-                    f"{what}: checksum mismatch while spilling (recorded {header.checksum}, computed {actual}): "
-                    "its shared-memory copy was written to after publish"
-                )
-            return SpillFile(tmp, compressed, tmp.stat().st_size)
+            with self._folder(sid.policy_id, create=True) as folder:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             self._file_mode, dir_fd=folder)
+                try:
+                    with open(fd, "wb") as f:
+                        actual = _write(f, head, buf, header, total, compressed)
+                        if compressed and f.tell() * MAX_LZ4_RATIO < total:  # too good: readers would refuse it
+                            f.seek(0)
+                            f.truncate()
+                            compressed, actual = False, _write(f, head, buf, header, total, False)
+                        f.flush()
+                        os.fsync(f.fileno())
+                        size = f.tell()
+                    check_checksum(header, actual, f"{what} (while spilling: its shared-memory copy was written to)")
+                except BaseException:
+                    os.unlink(tmp, dir_fd=folder)
+                    raise
+            return SpillFile(self.root / sid.policy_id / tmp, compressed, size)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFullError(exc.errno, f"disk full while spilling {what} to {folder}: {exc.strerror}") from exc
-            raise
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise DiskFullError(exc.errno, f"disk full while spilling {what} to {self.root}: {exc.strerror}") from exc
 
     def commit(self, temp: SpillFile, sid: SnapshotId) -> SpillFile:
         """Atomically move a temp file to ``sid``'s place."""
-        final = self.path_for(sid, temp.compressed)
-        os.replace(temp.path, final)
-        _fsync_dir(final.parent)
-        return SpillFile(final, temp.compressed, temp.file_bytes)
+        policy_id, name = self._locate(temp)
+        if policy_id != sid.policy_id or not name.startswith(_TMP_PREFIX):
+            raise _NotTheFile(f"{temp.path} is not a temp file of {sid.policy_id!r}: cannot commit it as {sid}")
+        final = file_name(sid.version, temp.compressed)
+        with self._folder(policy_id) as folder:
+            os.replace(name, final, src_dir_fd=folder, dst_dir_fd=folder)
+            os.fsync(folder)
+        return SpillFile(self.path_for(sid, temp.compressed), temp.compressed, temp.file_bytes)
 
     def discard(self, file: SpillFile) -> None:
-        file.path.unlink(missing_ok=True)
+        self._unlink(file, sync=False)
 
     def remove(self, file: SpillFile) -> None:
-        file.path.unlink(missing_ok=True)
-        _fsync_dir(file.path.parent)
+        self._unlink(file, sync=True)
 
     # ---- reading -------------------------------------------------------------------------------------------
-    def read(self, file: SpillFile, what: str) -> np.ndarray:
-        """The snapshot's buffer, checksum verified; CorruptSnapshotError (naming ``what``) otherwise.
+    def read(self, file: SpillFile, what: str, *, expect: Expected | None = None) -> np.ndarray:
+        """The snapshot's buffer, verified; CorruptSnapshotError (naming ``what``) otherwise.
 
-        A raw file is not copied at all: the buffer is a read-only map of the file (the kernel reads ahead while
-        the checksum runs), and the store's ``ray.put`` copies it from the page cache straight into shared memory.
-        Spill files are never changed in place (atomic rename; removal unlinks), so the map stays valid. An lz4
-        file is decompressed into one buffer by a helper thread while this thread checksums what has arrived.
+        Verified means: the file's own checksum holds, the policy id and version recorded inside are the ones
+        its place names, and (``expect``) its checksum is the one the catalog recorded. A file that fails is
+        moved to quarantine, never served and never deleted. A raw file is not copied: the buffer is a
+        read-only map of it, which ``ray.put`` copies once into shared memory.
+        """
+        return self.restore(file, what, expect=expect, put=lambda buf: buf)
+
+    def restore(self, file: SpillFile, what: str, *, expect: Expected | None = None,
+                put: Callable[[np.ndarray], T]) -> T:
+        """``put(buffer)`` for the file's snapshot, returned only if the buffer verifies (as ``read``).
+
+        The checksum of a raw file runs while ``put`` copies it (e.g. ``lambda b: ray.put(protect.shareable(b))``)
+        instead of before, so a restore costs about one copy; if the check fails, put's result is dropped.
         """
         try:
-            with open(file.path, "rb", buffering=0) as f:
-                if not file.compressed:
-                    buf = _map_readonly(f)
-                    verify_buffer(buf, name=what)
-                    return buf
-                size = _lz4_content_size(f)
-                if not size:  # a frame written without its size: decompress, then verify
-                    buf = np.frombuffer(lz4.frame.decompress(f.read()), dtype=np.uint8)
-                    verify_buffer(buf, name=what)
-                    return buf
-                buf = np.empty(size, dtype=np.uint8)
-                _verify_while_filling(buf, lambda progress: _lz4_fill(f, buf, progress), what)
-                return buf
-        except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
-            raise CorruptSnapshotError(f"{what}: {file.path} is not a valid lz4 frame ({exc})") from None
-        except FileNotFoundError:
-            raise CorruptSnapshotError(f"{what}: its spill file {file.path} has disappeared") from None
+            policy_id, name = self._locate(file)
+            with self._folder(policy_id) as folder:
+                fd = os.open(name, READ_FLAGS, dir_fd=folder)
+            with open(fd, "rb", buffering=0) as f:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or (self.private and st.st_uid != os.geteuid()):
+                    raise _NotTheFile(f"{what}: {file.path} is not a regular file of this user")
+                version = parse_file_name(name)
+                if version is None:
+                    raise _NotTheFile(f"{what}: {file.path} is not a committed snapshot file")
+                return load(f, file, SnapshotId(policy_id, version[0]), what, expect, put)
+        except _NotTheFile:
+            raise
         except CorruptSnapshotError as exc:
-            raise CorruptSnapshotError(f"{exc} [file {file.path}]") from None
+            moved = self.quarantine(file, f"{exc} [file {file.path}]")
+            raise CorruptSnapshotError(f"{exc} [file {file.path}, moved to {moved}]") from None
+        except OSError as exc:
+            gone = "has disappeared" if exc.errno == errno.ENOENT else f"cannot be read ({exc.strerror})"
+            raise _NotTheFile(f"{what}: its spill file {file.path} {gone}") from None
 
-    def scan(self) -> list[DiskEntry]:
-        """Every committed snapshot file under the root (headers only); stray temp files are removed."""
-        found: list[DiskEntry] = []
-        for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            for path in sorted(folder.iterdir()):
-                if path.name.startswith(_TMP_PREFIX):
-                    log.info("removing unfinished spill file %s", path)
-                    path.unlink(missing_ok=True)
-                    continue
-                match = _FILE.fullmatch(path.name)
-                if not match:
-                    continue
-                sid = SnapshotId(folder.name, int(match.group(1)))
-                file = SpillFile(path, match.group(2) == LZ4_SUFFIX, path.stat().st_size)
-                try:
-                    found.append(DiskEntry(sid, file, _read_header(file, str(sid))))
-                except CorruptSnapshotError as exc:
-                    log.error("skipping unreadable spill file: %s", exc)
-        return found
+    def scan(self) -> ScanResult:
+        """Every committed snapshot file under the root (headers only). Never raises on junk: unfinished temp
+        files are removed, damaged or misplaced snapshot files are quarantined, anything else is left alone and
+        reported in ``skipped``."""
+        found = survey(self.root, self._fd, owner=os.geteuid() if self.private else None)
+        for path in found.temps:
+            log.info("removing unfinished spill file %s", path)
+            self._unlink(SpillFile(path, False, 0), sync=False)
+        quarantined = []
+        for _sid, path, reason in found.damaged:
+            moved = self.quarantine(SpillFile(path, False, 0), reason)
+            if moved is not None:
+                quarantined.append(moved)
+        for line in found.skipped:
+            log.warning("spill scan: left alone %s", line)
+        return ScanResult(found.entries, found.skipped, quarantined)
 
-
-def _read_header(file: SpillFile, what: str) -> Header:
-    """Parse a file's header, decompressing only the first frames of an lz4 file."""
-    try:
-        with (lz4.frame.open(file.path, "rb") if file.compressed else open(file.path, "rb")) as f:
-            head = f.read(8)
-            header_len = int.from_bytes(head, "little") if len(head) == 8 else 0
-            head += f.read(min(header_len, 100 * 1024 * 1024))
-            total = int(lz4.frame.get_frame_info(_first_bytes(file.path))["content_size"]) if file.compressed else (
-                file.file_bytes
-            )
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise CorruptSnapshotError(f"{what}: cannot read the header of {file.path} ({exc})") from None
-    return parse_header(head, name=what, total=total)
-
-
-def _lz4_content_size(f) -> int:
-    """The uncompressed size recorded in an lz4 frame header (0 if the writer did not record it)."""
-    size = int(lz4.frame.get_frame_info(f.read(32))["content_size"])
-    f.seek(0)
-    return size
-
-
-def _map_readonly(f) -> np.ndarray:
-    """The whole file as a read-only uint8 array over an mmap, read ahead in the background."""
-    size = os.fstat(f.fileno()).st_size
-    if not size:
-        return np.empty(0, dtype=np.uint8)
-    mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
-    mapped.madvise(mmap.MADV_SEQUENTIAL)
-    mapped.madvise(mmap.MADV_WILLNEED)
-    return np.frombuffer(mapped, dtype=np.uint8)
-
-
-def _lz4_fill(f, buf: np.ndarray, progress: Callable[[int], None]) -> int:
-    decompressor = lz4.frame.LZ4FrameDecompressor()
-    got = 0
-    while not decompressor.eof:
-        data = f.read(_READ_CHUNK // 4)  # compressed bytes: keep the decompressed pieces a few MiB
-        if not data:
-            break
-        out = decompressor.decompress(data)
-        if got + len(out) > len(buf):
-            raise RuntimeError(f"the frame holds more than the {len(buf)} bytes its header records")
-        buf[got : got + len(out)] = np.frombuffer(out, dtype=np.uint8)
-        got += len(out)
-        progress(got)
-    return got
-
-
-def _verify_while_filling(buf: np.ndarray, fill: Callable[[Callable[[int], None]], int], what: str) -> None:
-    """Run ``fill`` on a helper thread and check the recorded checksum over ``buf`` while it fills.
-
-    ``fill(progress)`` writes ``buf`` front to back, calls ``progress(end)`` as bytes land and returns how many
-    it wrote; this thread checksums each landed span meanwhile (lz4 and zlib.crc32 release the GIL, so the two
-    passes overlap instead of adding up). CorruptSnapshotError naming ``what`` on a short or damaged file.
-    """
-    arrived: queue.SimpleQueue = queue.SimpleQueue()
-
-    def work() -> None:
+    # ---- quarantine ------------------------------------------------------------------------------------------
+    def quarantine(self, file: SpillFile, reason: str) -> str | None:
+        """Move a file the tier refuses to serve into ``<root>/.quarantine/`` with a reason beside it (never
+        deleted: an operator decides). Returns where it went, or None if it had already gone."""
+        policy_id, name = self._locate(file)
+        target = f"{policy_id}.{name}.{time.time_ns()}"
         try:
-            arrived.put(("done", fill(arrived.put)))
-        except BaseException as exc:  # handed to this thread, which re-raises it
-            arrived.put(("error", exc))
+            with self._quarantine_folder() as qfd, self._folder(policy_id) as folder:
+                try:
+                    os.rename(name, target, src_dir_fd=folder, dst_dir_fd=qfd)
+                except FileNotFoundError:
+                    return None
+                record = json.dumps({"path": str(file.path), "reason": reason, "when": time.time()}).encode()
+                fd = os.open(target + _REASON_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, self._file_mode, dir_fd=qfd)
+                with open(fd, "wb") as f:
+                    f.write(record)
+                    os.fsync(f.fileno())
+                os.fsync(qfd)
+                os.fsync(folder)
+        except OSError as exc:  # the file stays where it is, and is still refused on every read
+            log.error("could not quarantine %s (%s): %s", file.path, exc, reason)
+            return None
+        moved = str(self.root / QUARANTINE / target)
+        log.error("quarantined %s as %s: %s", file.path, moved, reason)
+        return moved
 
-    def landed() -> Iterator[int]:
-        while not isinstance(item := arrived.get(), tuple):
-            yield item
-        kind, value = item
-        if kind == "error":
-            raise value
-        if value != len(buf):
-            raise CorruptSnapshotError(f"{what}: file is truncated (only {value} of {len(buf)} bytes arrived)")
+    def quarantined(self) -> list[QuarantineRecord]:
+        """Every file in quarantine, oldest first, with why it was moved there."""
+        records = []
+        try:
+            with _subfolder(QUARANTINE, self._fd) as qfd:
+                for name in os.listdir(qfd):
+                    if not name.endswith(_REASON_SUFFIX):
+                        continue
+                    moved = str(self.root / QUARANTINE / name.removesuffix(_REASON_SUFFIX))
+                    try:
+                        fd = os.open(name, READ_FLAGS, dir_fd=qfd)
+                        with open(fd, "rb") as f:
+                            info = json.loads(f.read(64 * 1024))
+                        records.append(QuarantineRecord(moved, str(info["reason"]), float(info["when"])))
+                    except (OSError, ValueError, KeyError, TypeError) as exc:
+                        records.append(QuarantineRecord(moved, f"(reason unreadable: {exc})", 0.0))
+        except OSError as exc:  # none yet (or not a real folder: nothing is read through a symlink)
+            if exc.errno != errno.ENOENT:
+                log.warning("cannot list %s: %s", self.root / QUARANTINE, exc)
+        return sorted(records, key=lambda r: (r.when, r.path))
 
-    threading.Thread(target=work, name="policystore-restore", daemon=True).start()
-    view = memoryview(buf)
-    progress, filled = landed(), 0
-    for filled in progress:  # the header first: it says where the data starts and what it must hash to
-        if filled >= 8 and filled >= 8 + int.from_bytes(view[:8], "little"):
-            break
-    header = parse_header(view[:filled], name=what, total=len(buf))
+    # ---- helpers -----------------------------------------------------------------------------------------------
+    def _locate(self, file: SpillFile) -> tuple[str, str]:
+        """(policy folder, file name) of a file of this tier; nothing outside the root is ever touched."""
+        path = Path(file.path)
+        if path.parent.parent != self.root:
+            raise _NotTheFile(f"{path} is not a file of the spill folder {self.root}")
+        return check_policy_id(path.parent.name), path.name
 
-    def data() -> Iterator[memoryview]:
-        start = header.data_offset
-        for end in itertools.chain([filled], progress):
-            if end > start:
-                yield view[start:end]
-                start = end
+    @contextmanager
+    def _folder(self, policy_id: str, *, create: bool = False) -> Iterator[int]:
+        if create:
+            try:
+                os.mkdir(policy_id, self._dir_mode, dir_fd=self._fd)
+            except FileExistsError:
+                pass
+        try:
+            fd = os.open(policy_id, _DIR_FLAGS, dir_fd=self._fd)
+        except OSError as exc:
+            raise SnapshotFolderError(exc.errno, f"{self.root / policy_id}: {_why(exc, policy_id, self._fd)}") from None
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
-    check_checksum(header, checksum_of(header, data()), what)
+    @contextmanager
+    def _quarantine_folder(self) -> Iterator[int]:
+        try:
+            os.mkdir(QUARANTINE, 0o700, dir_fd=self._fd)
+        except FileExistsError:
+            pass
+        with _subfolder(QUARANTINE, self._fd) as fd:
+            yield fd
+
+    def _unlink(self, file: SpillFile, *, sync: bool) -> None:
+        """Remove one regular file of the tier; a symlinked folder or file is never followed."""
+        policy_id, name = self._locate(file)
+        try:
+            with self._folder(policy_id) as folder:
+                if stat.S_ISREG(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=folder)
+                    if sync:
+                        os.fsync(folder)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("not removing %s: %s", file.path, exc)
 
 
-def _first_bytes(path: Path, n: int = 32) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(n)
+def _versioned_head(buf: np.ndarray, header: Header, version: int) -> bytes:
+    """The header of ``buf`` with the version added to its metadata: the same length when the padding has room
+    (it needs about 40 bytes), else longer (the data's offsets are relative, so they do not change)."""
+    room = header.data_offset - 8
+    raw = json.loads(bytes(memoryview(buf)[8 : header.data_offset]))
+    raw["__metadata__"] = {**(raw.get("__metadata__") or {}), META_VERSION: str(version)}
+    text = json.dumps(raw, separators=(",", ":")).encode()
+    length = room if len(text) <= room else len(text) + (-(8 + len(text)) % 8)
+    return length.to_bytes(8, "little") + text.ljust(length, b" ")
+
+
+def _write(f: BinaryIO, head: bytes, buf: np.ndarray, header: Header, total: int, compressed: bool) -> str:
+    """Write the file (raw or one lz4 frame recording ``total``); returns the checksum of what was written."""
+    if not compressed:
+        f.write(head)
+        return checksum_of(header, _tee(iter_data(header, buf), f.write))
+    with lz4.frame.LZ4FrameCompressor(block_linked=False) as comp:
+        f.write(comp.begin(total))
+        f.write(comp.compress(head))
+        actual = checksum_of(header, _tee(iter_data(header, buf), lambda c: f.write(comp.compress(c))))
+        f.write(comp.flush())
+    return actual
 
 
 def _worth_compressing(buf: np.ndarray) -> bool:
@@ -299,15 +729,7 @@ def _worth_compressing(buf: np.ndarray) -> bool:
     return len(lz4.frame.compress(probe)) < 0.9 * len(probe)
 
 
-def _tee(chunks, sink):
+def _tee(chunks: Iterator[memoryview], sink: Callable[[memoryview], object]) -> Iterator[memoryview]:
     for chunk in chunks:
         sink(chunk)
         yield chunk
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
