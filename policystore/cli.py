@@ -1,8 +1,8 @@
 """The ``policystore`` command: look at and maintain a league's snapshots from a shell.
 
 Online it joins a running Ray cluster (``--address`` or ``RAY_ADDRESS``) and talks to the stores through the
-public client API; offline (``--dir``) it reads a spill folder through the Ray-free ``policystore.reader``, or a
-durable tier (a folder of commit markers, or an ``s3://``/``gs://``/``hdfs://`` URI) through
+public client API; offline (``--dir``) it reads a spill folder or a durable tier's folder through the Ray-free
+``policystore.reader``, and a durable tier on object storage (``s3://``, ``gs://``, ``hdfs://``) through
 ``policystore.durable``, without any cluster. Tables for people, ``--json`` for scripts.
 
 Exit codes: 0 ok, 1 a problem was found (a snapshot failed verification, storage or cluster unreachable),
@@ -28,10 +28,12 @@ from .errors import (
     InvalidPolicyIdError,
     InvalidWeightsError,
     PolicyStoreError,
+    SnapshotFolderError,
     UnknownPolicyError,
     UnknownVersionError,
 )
 from .ids import SnapshotId, check_policy_id, check_version
+from .spill import Expected
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 DURABLE = "durable"
@@ -42,7 +44,8 @@ class UsageError(PolicyStoreError, ValueError):
     """A command line that cannot be carried out as given (missing option, offline where a cluster is needed)."""
 
 
-_BAD_INPUT = (UsageError, InvalidPolicyIdError, InvalidWeightsError, UnknownPolicyError, FileNotFoundError)
+_BAD_INPUT = (UsageError, InvalidPolicyIdError, InvalidWeightsError, UnknownPolicyError, SnapshotFolderError,
+              FileNotFoundError)
 
 
 @dataclass
@@ -72,7 +75,9 @@ class Source(Protocol):
 
     def rows(self, policy_id: str | None = None) -> list[Row]: ...
 
-    def verify(self, row: Row) -> list[dict[str, Any]]: ...  # one report per copy checked, each with "problems"
+    def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[dict[str, Any]]:
+        """One result per row (see ``_result``), plus one for damage found outside them."""
+        ...
 
     def buffer(self, row: Row) -> np.ndarray: ...  # the snapshot's raw safetensors bytes
 
@@ -123,7 +128,11 @@ class ClusterSource:
                 row.error = row.error or info.error
         return sorted(merged.values(), key=lambda r: r.id)
 
-    def verify(self, row: Row) -> list[dict[str, Any]]:
+    def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[dict[str, Any]]:
+        return [_result(row, self._check(row)) for row in rows]
+
+    def _check(self, row: Row) -> list[dict[str, Any]]:
+        """Each node holding a copy checks its own copies (and the durable one) against the catalog's record."""
         nodes = [n for n, tier in row.tiers.items() if tier in ("hot", "disk")]
         if not nodes:  # only remote copies: check the durable one through this node's store, if there is one
             nodes = [self.local.node_id] if DURABLE in row.holders else []
@@ -169,18 +178,18 @@ class DurableSource:
             if policy_id is None or sid.policy_id == policy_id
         ]
 
-    def verify(self, row: Row) -> list[dict[str, Any]]:
-        return [_checked(DURABLE, lambda: self.tier.read(row.id, _Expected(*row.id, row.checksum)))]
+    def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[dict[str, Any]]:
+        return [_result(row, [_checked(DURABLE, lambda row=row: self.buffer(row))]) for row in rows]
 
     def buffer(self, row: Row) -> np.ndarray:
-        return self.tier.read(row.id, _Expected(*row.id, row.checksum))
+        return self.tier.read(row.id, Expected(*row.id, row.checksum))
 
     def stats(self) -> list[dict[str, Any]]:
         return [_folder_stats(self.where, self.rows())]
 
 
 class FolderSource:
-    """A spill folder, read through the store's Ray-free reader."""
+    """A spill folder or a durable tier's folder, read through the store's Ray-free reader."""
 
     online = False
 
@@ -191,15 +200,25 @@ class FolderSource:
         self.where = f"folder {path}"
 
     def rows(self, policy_id: str | None = None) -> list[Row]:
-        rows = []
-        for info in self.reader.list():
-            if policy_id is None or info.id.policy_id == policy_id:
-                rows.append(Row(SnapshotId(*info.id), info.nbytes, info.checksum, info.meta, info.created,
-                                ("folder",), {"folder": "file"}, info.file_bytes))
-        return sorted(rows, key=lambda r: r.id)
+        return [
+            Row(info.id, info.nbytes, info.checksum, info.meta, info.created, ("folder",), {"folder": "file"},
+                info.file_bytes)
+            for info in self.reader.list(policy_id)
+        ]
 
-    def verify(self, row: Row) -> list[dict[str, Any]]:
-        return [_checked("folder", lambda: self.reader.verify(*row.id))]
+    def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[dict[str, Any]]:
+        """One pass of the reader over the folder; its problems (each naming its snapshot) go to their rows."""
+        problems = self.reader.verify(policy_id, version)
+        results = []
+        for row in rows:
+            mine = [p for p in problems if p.startswith(f"{row.id}:")]
+            results.append(_result(row, [{"node": "folder", "ok": not mine, "problems": mine}]))
+        listed = {f"{row.id}:" for row in rows}
+        others = [p for p in problems if not any(p.startswith(prefix) for prefix in listed)]
+        if others:  # files too damaged to be listed at all
+            results.append({"policy_id": policy_id, "version": version, "ok": False, "copies": [],
+                            "problems": others})
+        return results
 
     def buffer(self, row: Row) -> np.ndarray:
         return self.reader.get(*row.id).buffer
@@ -208,11 +227,10 @@ class FolderSource:
         return [_folder_stats(self.where, self.rows())]
 
 
-@dataclass(frozen=True)
-class _Expected:
-    policy_id: str
-    version: int
-    checksum: str
+def _result(row: Row, copies: list[dict[str, Any]]) -> dict[str, Any]:
+    problems = [p for copy in copies for p in copy["problems"]]
+    return {"policy_id": row.id.policy_id, "version": row.id.version, "ok": not problems, "copies": copies,
+            "problems": problems}
 
 
 def _checked(where: str, check: Callable[[], object]) -> dict[str, Any]:
@@ -248,11 +266,12 @@ def _record(value: Any) -> dict[str, Any]:
 def open_source(args: argparse.Namespace) -> Source:
     """``--dir`` (offline) or the cluster at ``--address``/``RAY_ADDRESS`` (online)."""
     if args.dir:
-        if "://" in args.dir and not args.dir.startswith("file://") or _has_commit_markers(args.dir):
+        if "://" in args.dir and not args.dir.startswith("file://"):
             return DurableSource(args.dir)
-        if not Path(args.dir).is_dir():
+        path = args.dir.removeprefix("file://")
+        if not Path(path).is_dir():
             raise UsageError(f"--dir {args.dir}: no such folder")
-        return FolderSource(args.dir)
+        return FolderSource(path)
     address = args.address or os.environ.get("RAY_ADDRESS")
     if not address:
         import ray
@@ -260,13 +279,6 @@ def open_source(args: argparse.Namespace) -> Source:
         if not ray.is_initialized():
             raise UsageError("say where the snapshots are: --address (or RAY_ADDRESS) for a cluster, --dir offline")
     return ClusterSource(address)
-
-
-def _has_commit_markers(path: str) -> bool:
-    from .durable import MARKER_SUFFIX
-
-    root = Path(path.removeprefix("file://"))
-    return root.is_dir() and any(root.glob(f"*/*{MARKER_SUFFIX}"))
 
 
 # ---- commands ------------------------------------------------------------------------------------------------
@@ -298,16 +310,11 @@ def cmd_verify(source: Source, args: argparse.Namespace, out: Output) -> int:
     rows = _rows(source, args.policy)
     if args.version is not None:
         rows = [_select(rows, args.policy, args.version)]
-    results = []
-    for row in rows:
-        reports = source.verify(row)
-        problems = [p for r in reports for p in r["problems"]]
-        results.append({"policy_id": row.id.policy_id, "version": row.id.version, "ok": not problems,
-                        "copies": reports, "problems": problems})
+    results = source.verify(rows, args.policy, args.version)
     out.table(
         results,
         ["snapshot", "ok", "checked", "problems"],
-        [(f"{r['policy_id']}@v{r['version']}", "ok" if r["ok"] else "FAILED",
+        [(f"{r['policy_id']}@v{r['version']}" if r["version"] else "(unlisted files)", "ok" if r["ok"] else "FAILED",
           ", ".join(_node(c["node"]) for c in r["copies"] if c["node"]), "; ".join(r["problems"])) for r in results],
         title=f"verified {len(results)} snapshots in {source.where}",
     )

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from test_durable import BUCKET, s3_port  # noqa: F401  (fixture: a real S3-compatible server on loopback)
 
 from policystore.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
 from policystore.durable import DurableTier
@@ -131,13 +132,12 @@ def test_help_explains_every_command_with_an_example(capsys):
 
 
 def test_offline_spill_folder_through_the_reader(capsys, tmp_path):
-    pytest.importorskip("policystore.reader")
     from policystore.spill import DiskTier
 
     disk = DiskTier(tmp_path / "spill")
     sid = SnapshotId("p", 1)
     buf = pack(_weights(1), policy_id="p", meta={"frozen": True})
-    disk.commit(disk.write_temp("p", buf, parse_header(buf, name="p"), str(sid)), sid)
+    disk.commit(disk.write_temp(sid, buf, parse_header(buf, name="p")), sid)
     code, out = run_cli(capsys, "--json", "--dir", str(tmp_path / "spill"), "ls")
     assert code == EXIT_OK and [(r["policy_id"], r["version"]) for r in json.loads(out)] == [("p", 1)]
     code, _ = run_cli(capsys, "--dir", str(tmp_path / "spill"), "verify")
@@ -273,3 +273,21 @@ def test_verify_against_the_cluster_finds_a_damaged_spill_file(capsys, cluster, 
     assert not result["ok"] and result["problems"]
     code, _ = run_cli(capsys, "verify", "main_0", "2")
     assert code == EXIT_OK
+
+
+def test_offline_on_object_storage(capsys, s3_port, tmp_path):  # noqa: F811
+    """--dir with an s3:// URI: the durable tier read straight from a real S3-compatible server."""
+    uri = f"s3://{BUCKET}/cli?endpoint_override=127.0.0.1:{s3_port}&scheme=http&region=us-east-1"
+    tier = DurableTier.open(uri)
+    buf = pack(_weights(4), policy_id="remote", meta={"frozen": True})
+    tier.write(SnapshotId("remote", 4), buf, parse_header(buf, name="remote"))
+    code, out = run_cli(capsys, "--json", "--dir", uri, "ls")
+    assert code == EXIT_OK and [(r["policy_id"], r["version"], r["meta"]) for r in json.loads(out)] == [
+        ("remote", 4, {"frozen": True})]
+    code, out = run_cli(capsys, "--json", "--dir", uri, "verify")
+    assert code == EXIT_OK and json.loads(out)[0]["ok"]
+    target = tmp_path / "remote.safetensors"
+    assert run_cli(capsys, "--dir", uri, "export", "remote", "-o", str(target))[0] == EXIT_OK
+    assert all(torch.equal(load_file(str(target))[k], v) for k, v in _weights(4).items())
+    code, _ = run_cli(capsys, "--dir", f"s3://{BUCKET}/cli?endpoint_override=127.0.0.1:1&scheme=http", "ls")
+    assert code == EXIT_PROBLEM  # storage unreachable
