@@ -352,3 +352,9 @@ def _sync_local(filesystem: pafs.FileSystem, path: str) -> None:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def list_committed(uri: str) -> list[tuple[SnapshotId, dict[str, Any]]]:
+    """``DurableTier.open(uri).list_committed()`` as a plain function, so ``functools.partial(list_committed, uri)``
+    can travel to the catalog actor (as its ``seed``) and open the storage there."""
+    return DurableTier.open(uri).list_committed()

@@ -21,8 +21,8 @@ GAUGES: dict[str, str] = {
     "disk_snapshots": "Snapshots with a committed spill file on this node.",
 }
 COUNTERS: dict[str, str] = {
-    "hits": "Reads served from a copy already in shared memory.",
-    "misses": "Reads that needed a restore from disk or a fetch from another node.",
+    "hits": "Reads the store answered from a copy already in shared memory.",
+    "misses": "Reads the store answered by a restore from disk or a fetch from another node.",
     "evictions": "Hot copies dropped from shared memory to stay within the hot capacity (kept on disk).",
     "restores": "Snapshots copied back from this node's disk into shared memory.",
     "fetches": "Snapshots copied from another node's store or the durable tier.",

@@ -1,8 +1,10 @@
 """The durable tier on real storage: local folders (plain paths and file://) and a real S3-compatible server
 (moto, in server mode, on loopback), including the server going away in the middle of an upload."""
 
+import functools
 import json
 import os
+import pickle
 import socket
 import threading
 from collections import namedtuple
@@ -12,7 +14,7 @@ import pyarrow.fs as pafs
 import pytest
 import torch
 
-from policystore.durable import MARKER_SUFFIX, DurableTier
+from policystore.durable import MARKER_SUFFIX, DurableTier, list_committed
 from policystore.errors import (
     CorruptSnapshotError,
     DurableTierError,
@@ -51,6 +53,7 @@ def test_round_trip_and_rebuild_from_the_uri(local_uri):
         _write(tier, sid, buf)
     fresh = DurableTier.open(local_uri)  # what a new cluster pointed at the same URI sees
     listed = fresh.list_committed()
+    assert pickle.loads(pickle.dumps(functools.partial(list_committed, local_uri)))() == listed  # a catalog's seed
     assert [sid for sid, _ in listed] == sorted(bufs)
     for sid, summary in listed:
         header = parse_header(bufs[sid], name=str(sid))
