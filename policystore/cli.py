@@ -32,12 +32,12 @@ from .errors import (
     UnknownPolicyError,
     UnknownVersionError,
 )
+from .format import META_USER
 from .ids import SnapshotId, check_policy_id, check_version
 from .spill import Expected
+from .wire import DURABLE
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
-DURABLE = "durable"
-META_USER = "policystore.meta"  # where a snapshot file keeps the user's meta (JSON) in __metadata__
 
 
 class UsageError(PolicyStoreError, ValueError):
