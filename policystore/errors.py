@@ -63,6 +63,14 @@ class InvalidOptionError(PolicyStoreError, TypeError):
     """An option of the wrong type or out of range (``durable="yes"``, a staging file outside the staging folder)."""
 
 
+class UnknownMetricError(PolicyStoreError, LookupError):
+    """A metric name the store does not export (a typo would otherwise export nothing, silently)."""
+
+
+class DurableTierError(PolicyStoreError, OSError):
+    """The durable tier (object storage or a shared folder) could not be written or read: nothing was committed."""
+
+
 class SnapshotFolderError(PolicyStoreError, OSError):
     """A snapshot folder that cannot be used safely: missing, not a real folder (a symlink), or a private spill
     folder owned by another user (who could then swap or read the snapshots)."""

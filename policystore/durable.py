@@ -1,0 +1,360 @@
+"""The durable tier: every snapshot also lands in shared storage that outlives any node (S3, GCS, HDFS, a folder).
+
+Any URI ``pyarrow.fs.FileSystem.from_uri`` understands works (``s3://bucket/prefix``, ``gs://``, ``hdfs://``,
+``file://``), and so does a plain path. Object stores have no rename and no append, so a snapshot is committed in
+two steps that need neither:
+
+1. its bytes (the safetensors buffer, unchanged) go to an immutable data object under a name used once,
+   ``<root>/<policy_id>/<version:010d>.<token>.safetensors``; the writer checksums the bytes as they leave and
+   checks the stored object's size;
+2. then a small commit marker, ``<root>/<policy_id>/<version:010d>.commit.json``, names that data object with its
+   size, its checksum and the snapshot's summary. Writing the marker is the commit point.
+
+A reader trusts only a marker, and verifies the data object against it (size, then the checksum over the bytes
+it read), so an upload that died halfway, or a data object without its marker, is never read as a snapshot.
+The markers alone describe the league: ``list_committed`` lets a fresh catalog rebuild every policy and version
+from the URI, with one listing and one small read per snapshot (no data is read).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from .errors import (
+    CorruptSnapshotError,
+    DurableTierError,
+    InvalidPolicyIdError,
+    InvalidWeightsError,
+    SnapshotLostError,
+)
+from .format import META_CREATED, META_POLICY, Header, checksum_of, iter_data, verify_buffer
+from .ids import SnapshotId, check_policy_id, check_version
+
+log = logging.getLogger(__name__)
+
+DATA_SUFFIX = ".safetensors"
+MARKER_SUFFIX = ".commit.json"
+LAYOUT = 1  # marker format version
+_TMP_PREFIX = ".tmp-"
+# Filesystems with an atomic rename get the marker through a temp name, so no reader ever sees a partial one;
+# object stores make a single small PUT atomic by themselves.
+_RENAMES = {"local", "hdfs"}
+
+
+class Expectation(Protocol):
+    """What the catalog recorded about a snapshot; a durable copy must match it to be served."""
+
+    policy_id: str
+    version: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The content of a commit marker: which data object holds the snapshot, and what it must hash to."""
+
+    policy_id: str
+    version: int
+    object: str  # data object name, in the policy's folder
+    nbytes: int
+    checksum: str  # the snapshot's recorded checksum ("crc32c:..." or "crc32:...")
+    meta: dict[str, Any]
+    created: float
+    layout: int = LAYOUT
+
+    @property
+    def id(self) -> SnapshotId:
+        return SnapshotId(self.policy_id, self.version)
+
+    def summary(self) -> dict[str, Any]:
+        """The fields of ``wire.Summary``: what a catalog records for the snapshot."""
+        return {"nbytes": self.nbytes, "checksum": self.checksum, "meta": self.meta, "created": self.created,
+                "durable": True}
+
+
+class DurableTier:
+    """Snapshots in shared storage, written as immutable objects with an explicit commit point."""
+
+    def __init__(self, filesystem: pafs.FileSystem, root: str, *, uri: str | None = None):
+        self.fs = filesystem
+        self.root = root.rstrip("/")
+        self.uri = uri or f"{filesystem.type_name}:{self.root}"
+        self._renames = filesystem.type_name in _RENAMES
+        if filesystem.type_name == "local":
+            _io(lambda: self.fs.create_dir(self.root, recursive=True), f"create the durable folder {self.uri}")
+
+    @classmethod
+    def open(cls, uri: str) -> DurableTier:
+        """The durable tier at ``uri``: ``s3://bucket/prefix``, ``gs://...``, ``hdfs://...``, ``file://...`` or a
+        path. Options ride in the URI (``s3://b/p?endpoint_override=host:port&scheme=http``); credentials come
+        from the environment, as for any pyarrow filesystem."""
+        if not isinstance(uri, str) or not uri:
+            raise DurableTierError(f"durable_uri must be a non-empty string, got {uri!r}")
+        if "://" not in uri:
+            return cls(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri)), uri=uri)
+        try:
+            filesystem, root = pafs.FileSystem.from_uri(uri)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise DurableTierError(f"cannot open durable_uri {uri!r}: {_first_line(exc)}") from None
+        return cls(filesystem, root, uri=uri)
+
+    # ---- layout --------------------------------------------------------------------------------------------
+    def _folder(self, policy_id: str) -> str:
+        return posixpath.join(self.root, check_policy_id(policy_id))
+
+    def _marker_path(self, sid: SnapshotId) -> str:
+        return posixpath.join(self._folder(sid.policy_id), f"{check_version(sid.version):010d}{MARKER_SUFFIX}")
+
+    # ---- writing -------------------------------------------------------------------------------------------
+    def write(self, sid: SnapshotId, buf: np.ndarray, header: Header) -> None:
+        """Store ``buf`` (the packed snapshot ``header`` describes) as ``sid`` and commit it.
+
+        Returns once the marker is written. Raises DurableTierError if the storage fails (nothing is committed
+        then, unless the failure hit the reply to the marker's own write: a later ``find`` tells), and
+        CorruptSnapshotError if the bytes no longer match their checksum (the shared copy was written to).
+        Writing a snapshot that is already committed with the same checksum does nothing.
+        """
+        what = f"{sid} (durable tier {self.uri})"
+        if header.metadata.get(META_POLICY) != sid.policy_id:
+            raise InvalidWeightsError(f"{what}: buffer was packed for {header.metadata.get(META_POLICY)!r}")
+        if len(buf) != header.nbytes:
+            raise InvalidWeightsError(f"{what}: buffer is {len(buf)} bytes, its header describes {header.nbytes}")
+        existing = self._commit(sid)
+        if existing is not None:
+            if existing.checksum == header.checksum:
+                return
+            raise DurableTierError(
+                f"{what} is already committed with checksum {existing.checksum}, not {header.checksum}"
+            )
+        folder = self._folder(sid.policy_id)
+        name = f"{sid.version:010d}.{uuid.uuid4().hex}{DATA_SUFFIX}"
+        path = posixpath.join(folder, name)
+        committing = False
+        try:
+            _io(lambda: self.fs.create_dir(folder, recursive=True), f"create {folder} for {what}")
+            actual = _io(lambda: self._upload(path, buf, header), f"upload {path} for {what}")
+            if actual != header.checksum:
+                raise CorruptSnapshotError(
+                    f"{what}: checksum mismatch while uploading (recorded {header.checksum}, computed {actual}): "
+                    "its shared-memory copy was written to after publish"
+                )
+            stored = _io(lambda: self.fs.get_file_info(path), f"check {path} for {what}")
+            if stored.size != header.nbytes:
+                raise DurableTierError(f"{what}: stored object {path} is {stored.size} bytes, wrote {header.nbytes}")
+            commit = Commit(sid.policy_id, sid.version, name, header.nbytes, header.checksum, header.user_meta,
+                            float(header.metadata.get(META_CREATED, 0)))
+            committing = True
+            _io(lambda: self._put_marker(sid, commit), f"commit {what}")
+        except BaseException:
+            self._undo(sid, path, committing)
+            raise
+
+    def _undo(self, sid: SnapshotId, path: str, committing: bool) -> None:
+        """Clean up after a failed write without ever leaving a marker that names a deleted object.
+
+        A marker write can fail on the way back (the object store stored it, the reply was lost): then the
+        marker is ours and is removed first; if that cannot be checked or done, the data object stays too, and
+        the snapshot stays committed and whole.
+        """
+        if committing:
+            try:
+                current = self._commit(sid)
+            except DurableTierError:
+                return
+            if current is not None and current.object == posixpath.basename(path):
+                if not self._delete_quietly(self._marker_path(sid)):
+                    return
+        self._delete_quietly(path)
+
+    def _upload(self, path: str, buf: np.ndarray, header: Header) -> str:
+        """Stream the buffer to a new object, checksumming what leaves; returns the checksum of the data."""
+        with self.fs.open_output_stream(path) as out:
+            out.write(memoryview(buf).cast("B")[: header.data_offset])
+
+            def sent() -> Iterator[memoryview]:
+                for chunk in iter_data(header, buf):
+                    out.write(chunk)
+                    yield chunk
+
+            actual = checksum_of(header, sent())
+        _sync_local(self.fs, path)
+        return actual
+
+    def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:
+        final = self._marker_path(sid)
+        body = json.dumps(asdict(commit), sort_keys=True).encode()
+        target = final
+        if self._renames:
+            target = posixpath.join(posixpath.dirname(final), f"{_TMP_PREFIX}{uuid.uuid4().hex}")
+        with self.fs.open_output_stream(target) as out:
+            out.write(body)
+        _sync_local(self.fs, target)
+        if target != final:
+            self.fs.move(target, final)
+            _sync_local(self.fs, posixpath.dirname(final))
+
+    # ---- reading -------------------------------------------------------------------------------------------
+    def find(self, sid: SnapshotId) -> bool:
+        """Whether ``sid`` is committed here (its marker exists and is sound; the data is checked on read)."""
+        return self._commit(sid) is not None
+
+    def read(self, sid: SnapshotId, expect: Expectation | None = None) -> np.ndarray:
+        """The committed snapshot's bytes, verified against its marker (and ``expect``, the catalog's record).
+
+        SnapshotLostError if ``sid`` is not committed here; CorruptSnapshotError if the data object is missing,
+        of the wrong size, fails its checksum, or is not the snapshot the marker or ``expect`` names.
+        """
+        what = f"{sid} (durable tier {self.uri})"
+        commit = self._commit(sid)
+        if commit is None:
+            raise SnapshotLostError(f"{what} is not committed")
+        if expect is not None and (
+            (expect.policy_id, expect.version) != tuple(sid) or expect.checksum != commit.checksum
+        ):
+            raise CorruptSnapshotError(
+                f"{what}: committed with checksum {commit.checksum}, the catalog expects "
+                f"{expect.policy_id}@v{expect.version} with {expect.checksum}"
+            )
+        path = posixpath.join(self._folder(sid.policy_id), commit.object)
+        try:
+            with self.fs.open_input_file(path) as f:
+                size = f.size()
+                if size != commit.nbytes:
+                    raise CorruptSnapshotError(f"{what}: {path} is {size} bytes, its commit says {commit.nbytes}")
+                buf = np.frombuffer(f.read_buffer(size), dtype=np.uint8)
+        except FileNotFoundError:
+            raise CorruptSnapshotError(f"{what}: its committed data object {path} is missing") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise DurableTierError(f"cannot read {path} for {what}: {_first_line(exc)}") from None
+        if len(buf) != commit.nbytes:
+            raise CorruptSnapshotError(f"{what}: read {len(buf)} of {commit.nbytes} bytes from {path}")
+        header = verify_buffer(buf, name=what)
+        if header.checksum != commit.checksum or header.metadata.get(META_POLICY) != sid.policy_id:
+            raise CorruptSnapshotError(
+                f"{what}: {path} holds {header.metadata.get(META_POLICY)!r} with {header.checksum}, "
+                f"the commit names {sid.policy_id!r} with {commit.checksum}"
+            )
+        return buf
+
+    def list_committed(self) -> list[tuple[SnapshotId, dict[str, Any]]]:
+        """Every committed snapshot, ``(id, summary)`` in id order, from the markers alone.
+
+        This is how a fresh catalog learns the league from the URI: summaries have the fields of
+        ``wire.Summary``. Unreadable or inconsistent markers are logged and skipped, never raised.
+        """
+        selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
+        infos = _io(lambda: self.fs.get_file_info(selector), f"list {self.uri}")
+        found = []
+        for info in infos:
+            sid = self._marker_id(info)
+            if sid is None:
+                continue
+            commit = self._commit(sid)
+            if commit is not None:
+                found.append((sid, commit.summary()))
+        return sorted(found, key=lambda item: item[0])
+
+    def _marker_id(self, info: pafs.FileInfo) -> SnapshotId | None:
+        """The snapshot a listed object is the marker of, if it is one (in a valid policy folder)."""
+        if info.type != pafs.FileType.File or not info.base_name.endswith(MARKER_SUFFIX):
+            return None
+        policy_id = posixpath.basename(posixpath.dirname(info.path))
+        stem = info.base_name[: -len(MARKER_SUFFIX)]
+        if posixpath.dirname(posixpath.dirname(info.path)) != self.root or not stem.isdigit():
+            return None
+        try:
+            return SnapshotId(check_policy_id(policy_id), check_version(int(stem)))
+        except InvalidPolicyIdError:
+            return None
+
+    def _commit(self, sid: SnapshotId) -> Commit | None:
+        """The marker of ``sid`` if it exists and names ``sid``; an unreadable one counts as absent (logged)."""
+        path = self._marker_path(sid)
+        try:
+            with self.fs.open_input_stream(path) as f:
+                raw = json.loads(f.read())
+            commit = Commit(**raw)
+            ok = (
+                commit.id == sid
+                and isinstance(commit.nbytes, int)
+                and isinstance(commit.checksum, str)
+                and posixpath.basename(commit.object) == commit.object
+                and commit.object.startswith(f"{sid.version:010d}.")
+            )
+        except FileNotFoundError:
+            return None
+        except (pa.ArrowException, OSError) as exc:
+            raise DurableTierError(f"cannot read the commit marker {path}: {_first_line(exc)}") from None
+        except (ValueError, TypeError) as exc:  # torn or foreign JSON
+            log.warning("ignoring unreadable commit marker %s: %s", path, exc)
+            return None
+        if not ok:
+            log.warning("ignoring commit marker %s: it does not describe %s", path, sid)
+            return None
+        return commit
+
+    # ---- removal -------------------------------------------------------------------------------------------
+    def remove(self, sid: SnapshotId) -> None:
+        """Uncommit ``sid`` (marker first), then delete its data objects, including leftovers of failed writes."""
+        marker = self._marker_path(sid)
+        if not self._delete_quietly(marker):
+            raise DurableTierError(f"could not remove the commit marker {marker} of {sid} from {self.uri}")
+        folder = self._folder(sid.policy_id)
+        selector = pafs.FileSelector(folder, allow_not_found=True)
+        prefix = f"{sid.version:010d}."
+        for info in _io(lambda: self.fs.get_file_info(selector), f"list {folder}"):
+            if info.base_name.startswith(prefix) and info.base_name.endswith(DATA_SUFFIX):
+                self._delete_quietly(info.path)
+
+    def _delete_quietly(self, path: str) -> bool:
+        """Delete one object; False (logged) if the storage failed. A missing object counts as deleted."""
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+        except (pa.ArrowException, OSError) as exc:
+            log.warning("could not delete %s from the durable tier: %s", path, _first_line(exc))
+            return False
+        return True
+
+
+def _io(action, doing: str):
+    """Run a storage call; storage failures become DurableTierError saying what was being done."""
+    try:
+        return action()
+    except (CorruptSnapshotError, DurableTierError):
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        raise DurableTierError(f"could not {doing}: {_first_line(exc)}") from None
+
+
+def _sync_local(filesystem: pafs.FileSystem, path: str) -> None:
+    """fsync a local file or folder (pyarrow's local streams do not): the commit must survive a power cut."""
+    if filesystem.type_name != "local":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def list_committed(uri: str) -> list[tuple[SnapshotId, dict[str, Any]]]:
+    """``DurableTier.open(uri).list_committed()`` as a plain function, so ``functools.partial(list_committed, uri)``
+    can travel to the catalog actor (as its ``seed``) and open the storage there."""
+    return DurableTier.open(uri).list_committed()
