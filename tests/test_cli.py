@@ -13,7 +13,6 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from test_durable import BUCKET, s3_port  # noqa: F401  (fixture: a real S3-compatible server on loopback)
 
 from policystore.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
 from policystore.durable import DurableTier
@@ -275,9 +274,9 @@ def test_verify_against_the_cluster_finds_a_damaged_spill_file(capsys, cluster, 
     assert code == EXIT_OK
 
 
-def test_offline_on_object_storage(capsys, s3_port, tmp_path):  # noqa: F811
+def test_offline_on_object_storage(capsys, s3_server, tmp_path):
     """--dir with an s3:// URI: the durable tier read straight from a real S3-compatible server."""
-    uri = f"s3://{BUCKET}/cli?endpoint_override=127.0.0.1:{s3_port}&scheme=http&region=us-east-1"
+    uri = f"s3://{s3_server.bucket}/cli?endpoint_override=127.0.0.1:{s3_server.port}&scheme=http&region=us-east-1"
     tier = DurableTier.open(uri)
     buf = pack(_weights(4), policy_id="remote", meta={"frozen": True})
     tier.write(SnapshotId("remote", 4), buf, parse_header(buf, name="remote"))
@@ -289,5 +288,5 @@ def test_offline_on_object_storage(capsys, s3_port, tmp_path):  # noqa: F811
     target = tmp_path / "remote.safetensors"
     assert run_cli(capsys, "--dir", uri, "export", "remote", "-o", str(target))[0] == EXIT_OK
     assert all(torch.equal(load_file(str(target))[k], v) for k, v in _weights(4).items())
-    code, _ = run_cli(capsys, "--dir", f"s3://{BUCKET}/cli?endpoint_override=127.0.0.1:1&scheme=http", "ls")
+    code, _ = run_cli(capsys, "--dir", f"s3://{s3_server.bucket}/cli?endpoint_override=127.0.0.1:1&scheme=http", "ls")
     assert code == EXIT_PROBLEM  # storage unreachable

@@ -3,7 +3,6 @@
 
 import functools
 import json
-import os
 import pickle
 import socket
 import threading
@@ -149,30 +148,7 @@ def test_remove_uncommits_and_deletes_leftovers(tmp_path):
     tier.remove(sid)  # removing twice is fine
 
 
-# ---- S3 (a real S3-compatible server on loopback) ---------------------------------------------------------------
-BUCKET = "league"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_port():
-    from moto.server import ThreadedMotoServer
-
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    _s3(port, allow_bucket_creation=True).create_dir(BUCKET)
-    yield port
-    server.stop()
-
+# ---- S3: a real S3-compatible server on loopback (the s3_server fixture in conftest.py) ---------------------------
 
 def _s3(port: int, **options) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(
@@ -182,10 +158,10 @@ def _s3(port: int, **options) -> pafs.S3FileSystem:
     )
 
 
-def test_s3_round_trip_and_rebuild(s3_port, monkeypatch):
+def test_s3_round_trip_and_rebuild(s3_server, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    uri = f"s3://{BUCKET}/rt?endpoint_override=127.0.0.1:{s3_port}&scheme=http&region=us-east-1"
+    uri = f"s3://{s3_server.bucket}/rt?endpoint_override=127.0.0.1:{s3_server.port}&scheme=http&region=us-east-1"
     tier = DurableTier.open(uri)
     buf = _snapshot("main_0", n=300_000, meta={"frozen": True})
     _write(tier, SnapshotId("main_0", 1), buf)
@@ -258,10 +234,10 @@ def big():
 
 
 @pytest.fixture(scope="module")
-def upload_bytes(s3_port, big):
+def upload_bytes(s3_server, big):
     """Bytes a whole write sends upstream (data, size check, marker), measured through a proxy that never dies."""
-    proxy = _DyingProxy(s3_port, cut_after=1 << 62)
-    _write(DurableTier(_s3(proxy.port), f"{BUCKET}/measure"), SnapshotId("big", 1), big)
+    proxy = _DyingProxy(s3_server.port, cut_after=1 << 62)
+    _write(DurableTier(_s3(proxy.port), f"{s3_server.bucket}/measure"), SnapshotId("big", 1), big)
     proxy.die()
     return proxy.sent
 
@@ -272,12 +248,12 @@ CUTS = {"early": lambda total: total // 10, "middle": lambda total: total * 6 //
 
 
 @pytest.mark.parametrize("cut", list(CUTS))
-def test_s3_server_going_away_mid_upload(s3_port, big, upload_bytes, cut):
+def test_s3_server_going_away_mid_upload(s3_server, big, upload_bytes, cut):
     """The write fails with a clear DurableTierError or completes; either way a fresh reader sees the snapshot
     whole or not at all, and the write succeeds once the server is back."""
     sid = SnapshotId("big", 1)
-    prefix = f"{BUCKET}/cut-{cut}"
-    proxy = _DyingProxy(s3_port, cut_after=CUTS[cut](upload_bytes))
+    prefix = f"{s3_server.bucket}/cut-{cut}"
+    proxy = _DyingProxy(s3_server.port, cut_after=CUTS[cut](upload_bytes))
     tier = DurableTier(_s3(proxy.port), prefix)
     try:
         _write(tier, sid, big)
@@ -288,7 +264,7 @@ def test_s3_server_going_away_mid_upload(s3_port, big, upload_bytes, cut):
         completed = False
     assert completed == (cut == "never") and proxy.dead == (cut != "never")
     proxy.die()
-    direct = DurableTier(_s3(s3_port), prefix)  # the server is reachable again
+    direct = DurableTier(_s3(s3_server.port), prefix)  # the server is reachable again
     if direct.find(sid):  # committed (only the reply to the marker's PUT was lost): then whole and verified
         assert cut in ("marker", "never")
         assert np.array_equal(direct.read(sid), big)
@@ -297,4 +273,4 @@ def test_s3_server_going_away_mid_upload(s3_port, big, upload_bytes, cut):
         with pytest.raises(SnapshotLostError):
             direct.read(sid)
         _write(direct, sid, big)
-    assert np.array_equal(DurableTier(_s3(s3_port), prefix).read(sid), big)
+    assert np.array_equal(DurableTier(_s3(s3_server.port), prefix).read(sid), big)
