@@ -324,6 +324,9 @@ class PolicyStore:
                 log.warning("policystore: staging in %s failed (%s); publishing by value", staging.path, exc)
                 staging.discard()
                 staging = None
+            except BaseException:
+                staging.discard()
+                raise
         try:
             if staging is not None:
                 self._check_size(policy_id, packed)
@@ -383,8 +386,7 @@ class PolicyStore:
         except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
             self._follower.drop(sid)
             return None
-        if self._follower.first_use(sid):  # no wait: keeps the store's LRU order honest about pushed reads
-            self._actor.touch.remote(*sid)
+        self._actor.touch.remote(*sid)  # no wait: keeps the store's LRU order honest about pushed reads
         return session.keep(Snapshot(sid, buffer, ref, header))
 
     def _resolve(self, session: _Session, policy_id: str, version: int | None) -> Snapshot:

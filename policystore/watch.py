@@ -191,7 +191,6 @@ class Follower:
         self._latest: dict[str, int] = {}
         self._hot: dict[SnapshotId, tuple[ray.ObjectRef, Header]] = {}
         self._as_of = -math.inf
-        self._used: dict[SnapshotId, float] = {}  # when this process last told the store it uses a snapshot
         self._epoch: str | None = None
         self._seq = 0
         self._stop = threading.Event()
@@ -206,14 +205,6 @@ class Follower:
 
     def hot(self, sid: SnapshotId) -> tuple[ray.ObjectRef, Header] | None:
         return self._hot.get(sid)
-
-    def first_use(self, sid: SnapshotId) -> bool:
-        """Whether to tell the store this process uses ``sid`` (at most once per staleness bound per snapshot)."""
-        now = time.monotonic()
-        if now - self._used.get(sid, -math.inf) < max(self._max_staleness_s, self._poll_s):
-            return False
-        self._used[sid] = now
-        return True
 
     def drop(self, sid: SnapshotId, deleted: bool = False) -> None:
         """Let go of a pushed ref (found dead or damaged); ``deleted``: also stop calling it the latest version."""
@@ -278,7 +269,6 @@ class Follower:
                 self._epoch = events.epoch
             for sid in events.gone:
                 self._hot.pop(sid, None)
-                self._used.pop(sid, None)
             self._hot.update(parsed)
             for pid, version in events.latest.items():
                 if version:

@@ -6,6 +6,7 @@ import mmap
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import lz4.frame
@@ -268,6 +269,10 @@ def test_corrupt_spill_file_is_never_served(make_store, compressible, damage):
     store.publish("other", weights_of_mib(1, seed=1))  # evicts victim to disk
     store.flush()
     assert {i.id.policy_id: i.tier for i in store.list()}["victim"] == "disk"
+    # until this process's push has seen the eviction (other became hot before victim went): no process then
+    # keeps the memory copy alive, and the get below must go to the damaged file
+    while not (("other", 1) in (hot := store.push_state().hot) and ("victim", 1) not in hot):
+        time.sleep(0.01)
     path = next((Path(store.stats()["spill_dir"]) / "victim").iterdir())
     data = bytearray(path.read_bytes())
     if damage == "flip":
@@ -314,7 +319,6 @@ def test_restarted_store_rebuilds_its_catalog_from_disk(make_store):
 
 
 def _retry(fn, *args, attempts=100, **kwargs):
-    import time
 
     for _ in range(attempts):
         try:
