@@ -16,9 +16,9 @@ import torch
 from benchmarks.nets import NetSpec, random_weights
 from policystore import protect
 from policystore.format import compute_checksum, pack, parse_header, verify_buffer
+from policystore.memory import MiB
 from policystore.views import build_on_views, fast_reads, tensor_views
 
-MiB = 1024 * 1024
 SIZES = [1, 16]
 
 

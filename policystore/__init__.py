@@ -17,14 +17,18 @@ from .config import StoreConfig
 from .errors import (
     CorruptSnapshotError,
     DiskFullError,
+    DurableTierError,
+    InvalidMetaError,
     InvalidOptionError,
     InvalidPolicyIdError,
     InvalidWeightsError,
     PolicyStoreError,
     ReadOnlyWeightsError,
     ShapeMismatchError,
+    SnapshotFolderError,
     SnapshotLostError,
     SnapshotTooLargeError,
+    UnknownMetricError,
     UnknownPolicyError,
     UnknownVersionError,
 )
@@ -33,8 +37,9 @@ from .wire import SnapshotInfo, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
     from .client import PolicyStore, clear_cache, connect, connect_all
+    from .reader import FileInfo, FolderReader, open_folder
     from .snapshot import Snapshot
-    from .views import SharedTensor
+    from .views import SharedTensor, fast_reads
 
 _LAZY = {
     "PolicyStore": "client",
@@ -43,6 +48,10 @@ _LAZY = {
     "connect_all": "client",
     "Snapshot": "snapshot",
     "SharedTensor": "views",
+    "fast_reads": "views",
+    "open_folder": "reader",
+    "FolderReader": "reader",
+    "FileInfo": "reader",
 }
 
 
@@ -61,6 +70,10 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CorruptSnapshotError",
     "DiskFullError",
+    "DurableTierError",
+    "FileInfo",
+    "FolderReader",
+    "InvalidMetaError",
     "InvalidOptionError",
     "InvalidPolicyIdError",
     "InvalidWeightsError",
@@ -71,15 +84,19 @@ __all__ = [
     "SharedTensor",
     "Snapshot",
     "SnapshotId",
+    "SnapshotFolderError",
     "SnapshotInfo",
     "SnapshotLostError",
     "SnapshotTooLargeError",
     "StoreConfig",
     "StoreStats",
+    "UnknownMetricError",
     "UnknownPolicyError",
     "UnknownVersionError",
     "VerifyReport",
     "clear_cache",
     "connect",
     "connect_all",
+    "fast_reads",
+    "open_folder",
 ]

@@ -223,7 +223,16 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
         max_restarts=-1,
         # Beside the driver that started it (the head node, usually), but free to move if that node goes.
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-    ).remote(config.catalog_db(session), config, config.catalog_journal(session))
+    ).remote(config.catalog_db(session), config, config.catalog_journal(session), seed=_durable_seed(config))
+
+
+def _durable_seed(config: StoreConfig) -> Callable[[], list] | None:
+    """What a new catalog database adopts: the league committed in the durable tier (None without one)."""
+    if config.durable_uri is None:
+        return None
+    from .durable import list_committed
+
+    return functools.partial(list_committed, config.durable_uri)
 
 
 def _store_actor(node_id: str, config: StoreConfig | None) -> ray.actor.ActorHandle:

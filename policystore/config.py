@@ -17,8 +17,9 @@ class StoreConfig:
     spill_dir: the node's disk tier (node-local). Every snapshot is written here (at once when published durably,
         else in the background); a restarted store rebuilds from it. None: <tmp>/policystore/<session>/<node_id>,
         so neither two clusters nor two nodes on one machine share it.
-    durable_uri: a folder every node can reach (NFS, or any shared mount) where every snapshot is also written,
-        so it survives the loss of the node that published it; the catalog journal lives there too.
+    durable_uri: where every snapshot is also written, so it survives the loss of the node that published it:
+        ``s3://bucket/prefix``, ``gs://...``, ``hdfs://...``, ``file://...`` or a path every node mounts (any
+        pyarrow filesystem). A fresh catalog rebuilds the league from it.
     compress: lz4-compress spill files (snapshots that do not compress are stored raw).
     disk_capacity_bytes: refuse publishes that would grow the spill tier beyond this (None: until the disk is full).
     max_concurrency: threads in the store actor, so reads are never queued behind a slow restore or publish.
@@ -64,17 +65,13 @@ class StoreConfig:
             return os.path.abspath(os.path.expanduser(self.spill_dir))
         return os.path.join(self._default_root(session_name), node_id)
 
-    def resolved_durable_dir(self) -> str | None:
-        if self.durable_uri is None:
-            return None
-        path = self.durable_uri.removeprefix("file://")
-        if "://" in path:
-            raise ValueError(f"durable_uri {self.durable_uri!r}: only mounted paths (or file://) are supported yet")
-        return os.path.abspath(os.path.expanduser(path))
-
     def catalog_journal(self, session_name: str) -> str:
-        """Where an older catalog kept its JSON-lines journal (imported once by the catalog if it is there)."""
-        return os.path.join(self.resolved_durable_dir() or self._local_root(session_name), "_catalog.jsonl")
+        """Where an older catalog kept its JSON-lines journal (imported once by the catalog if it is there): in a
+        durable folder if the durable tier is a local or mounted path, else beside the spill folders."""
+        uri = self.durable_uri
+        folder = None if uri is None or "://" in uri.removeprefix("file://") else uri.removeprefix("file://")
+        return os.path.join(os.path.abspath(os.path.expanduser(folder)) if folder else self._local_root(session_name),
+                            "_catalog.jsonl")
 
     def catalog_db(self, session_name: str) -> str:
         """The catalog's sqlite database: on local disk (beside the spill folders), never on a shared mount."""

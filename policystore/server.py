@@ -26,9 +26,12 @@ import stat
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
@@ -36,6 +39,7 @@ import ray
 from .config import CATALOG_NAME, NAMESPACE, StoreConfig, staging_dir, store_name
 from .errors import (
     CorruptSnapshotError,
+    DurableTierError,
     InvalidOptionError,
     InvalidWeightsError,
     SnapshotLostError,
@@ -45,6 +49,7 @@ from .errors import (
 from .format import META_CREATED, META_POLICY, Header, parse_header, verify_buffer
 from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
+from .metrics import COUNTERS, StoreMetrics
 from .protect import open_shared, shareable
 from .spill import DiskTier, Expected, SpillFile
 from .watch import Feed
@@ -60,10 +65,14 @@ from .wire import (
     VerifyReport,
 )
 
+if TYPE_CHECKING:
+    from .durable import DurableTier
+
 log = logging.getLogger(__name__)
 
 DURABLE = "durable"  # the holder name of the shared durable tier in the catalog
 _FETCH_TIMEOUT_S = 120.0
+_GAUGE_INTERVAL_S = 2.0
 
 
 @dataclass
@@ -77,6 +86,15 @@ class _Entry:
     @property
     def nbytes(self) -> int:
         return self.header.nbytes
+
+
+def _open_durable(uri: str | None) -> DurableTier | None:
+    """The durable tier, imported only when configured (pyarrow is heavy for an actor that may not need it)."""
+    if uri is None:
+        return None
+    from .durable import DurableTier
+
+    return DurableTier.open(uri)
 
 
 def _node_object_store_bytes(node_id: str) -> int:
@@ -130,8 +148,8 @@ class StoreServer:
         session = ray.get_runtime_context().get_session_name()
         spill_dir = config.resolved_spill_dir(session, node_id)
         self.disk = DiskTier(spill_dir, compress=config.compress, capacity_bytes=config.disk_capacity_bytes)
-        durable_dir = config.resolved_durable_dir()
-        self.durable = DiskTier(durable_dir, compress=config.compress, private=False) if durable_dir else None
+        self.durable = _open_durable(config.durable_uri)
+        self.metrics = StoreMetrics(node_id)
         capacity = config.hot_capacity_bytes or _node_object_store_bytes(node_id) // 2
         self.feed = Feed()
         self.hot = HotTier(capacity, self.feed)
@@ -148,6 +166,7 @@ class StoreServer:
         # Tell the catalog what survived on disk, without blocking startup on another actor.
         self._reconciled = ThreadPoolExecutor(1).submit(self._reconcile)
         threading.Thread(target=self._follow_catalog, name="policystore-catalog-follower", daemon=True).start()
+        threading.Thread(target=self._report_gauges, name="policystore-metrics", daemon=True).start()
         log.info("policystore on node %s: %d snapshots on %s, hot capacity %d bytes",
                  node_id, sum(map(len, self._policies.values())), spill_dir, capacity)
 
@@ -266,6 +285,10 @@ class StoreServer:
         Non-durable: one catalog call (``publish``) after the copy. Durable: ``reserve``, fsync'd files, the copy,
         then ``commit``. Killed anywhere before the commit, the version is never visible: complete or absent.
         """
+        with self._timed("publish_latency"):
+            return self._publish_timed(policy_id, buf, durable)
+
+    def _publish_timed(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
         check_policy_id(policy_id)
         check_durable(durable)
         what = f"new snapshot of {policy_id!r}"
@@ -287,14 +310,13 @@ class StoreServer:
             try:
                 entry.file = self.disk.commit(self.disk.write_temp(sid, buf, header), sid)
                 if self.durable is not None:
-                    self.durable.commit(self.durable.write_temp(sid, buf, header), sid)
+                    self.durable.write(sid, buf, header)
                 ref = ray.put(shareable(buf))  # the store's own copy: it must outlive the publisher
                 ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, True)))
             except BaseException:
                 if entry.file is not None:
                     self.disk.remove(entry.file)
-                if self.durable is not None and (file := self.durable.find(sid)):
-                    self.durable.remove(file)
+                self._remove_durable(sid)
                 self.catalog.abort.remote(policy_id, sid.version)
                 raise
             if self.durable is not None:
@@ -306,7 +328,7 @@ class StoreServer:
             self._policies.setdefault(policy_id, {})[sid.version] = entry
             self.hot.add(sid, ref, header.nbytes, _head(buf))
             self.feed.raise_latest(*sid)
-            self._counters["publishes"] += 1
+            self._count("publishes")
             if not durable:
                 entry.pending = self._writer.submit(self._spill, sid, entry, ref)
         self._evict(protect=sid)
@@ -317,8 +339,8 @@ class StoreServer:
         buf = open_shared(ray.get(ref))
         try:
             temp = self.disk.write_temp(sid, buf, entry.header)
-            if self.durable is not None and self.durable.find(sid) is None:
-                self.durable.commit(self.durable.write_temp(sid, buf, entry.header), sid)
+            if self.durable is not None and not self.durable.find(sid):
+                self.durable.write(sid, buf, entry.header)
                 self.catalog.hold.remote(sid.policy_id, sid.version, DURABLE)
         except CorruptSnapshotError as exc:
             log.error("%s", exc)
@@ -330,7 +352,7 @@ class StoreServer:
             log.error("could not spill %s: %s", sid, exc)
             with self._lock:
                 entry.spill_error, entry.pending = str(exc), None
-                self._counters["spill_errors"] += 1
+                self._count("spill_errors")
             return
         with self._lock:
             if self._policies.get(sid.policy_id, {}).get(sid.version) is not entry:  # deleted meanwhile
@@ -352,7 +374,7 @@ class StoreServer:
                         continue
                     if entry.file is not None:
                         self.hot.remove(sid)
-                        self._counters["evictions"] += 1
+                        self._count("evictions")
                         break
                     if entry.pending is not None and wait_for is None:
                         wait_for = entry.pending
@@ -369,6 +391,10 @@ class StoreServer:
         """This node's copy (latest version by default): restored from disk or fetched from another node first if
         needed. The ref travels inside a list so Ray hands it over instead of fetching the bytes into this reply.
         """
+        with self._timed("get_latency"):
+            return self._resolve(policy_id, version)
+
+    def _resolve(self, policy_id: str, version: int | None) -> HotSnapshot:
         check_policy_id(policy_id)
         info = None
         if version is None:
@@ -383,9 +409,9 @@ class StoreServer:
                 raise CorruptSnapshotError(entry.corrupt)
             hot = self.hot.get(sid) if entry is not None else None
             if hot is not None:
-                self._counters["hits"] += 1
+                self._count("hits")
                 return hot
-            self._counters["misses"] += 1
+            self._count("misses")
             future = self._inflight.get(sid)
             leader = future is None
             if leader:
@@ -412,16 +438,17 @@ class StoreServer:
             raise SnapshotLostError(f"{sid} is neither in memory nor on this node's disk ({entry.spill_error})")
         expect = Expected(*sid, entry.header.checksum)  # checked against the catalog's at startup (reconcile)
         try:  # the checksum runs while the copy into the object store does
-            hot = self.disk.restore(entry.file, str(sid), expect=expect,
-                                    put=lambda buf: HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))]))
+            with self._timed("restore_latency"):
+                hot = self.disk.restore(entry.file, str(sid), expect=expect,
+                                        put=lambda buf: HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))]))
         except CorruptSnapshotError:
             with self._lock:
-                self._counters["corrupt_reads"] += 1
+                self._count("corrupt_reads")
             raise
         with self._lock:
             if self._policies.get(sid.policy_id, {}).get(sid.version) is entry:
                 self.hot.add(sid, hot.refs[0], entry.nbytes, hot.header)
-            self._counters["restores"] += 1
+            self._count("restores")
         return hot
 
     def _fetch(self, sid: SnapshotId, info: CatalogEntry) -> HotSnapshot:
@@ -439,8 +466,8 @@ class StoreServer:
             except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
                 problems.append(f"node {holder}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 buf = None
-        if buf is None and self.durable is not None and (file := self.durable.find(sid)) is not None:
-            buf = self.durable.read(file, f"{sid} (durable tier)", expect=Expected(*sid, info.summary.checksum))
+        if buf is None and self.durable is not None and self.durable.find(sid):
+            buf = self.durable.read(sid, Expected(*sid, info.summary.checksum))
         if buf is None:
             raise SnapshotLostError(
                 f"{sid} is in the catalog but no live copy could be fetched "
@@ -456,7 +483,7 @@ class StoreServer:
         with self._lock:
             self._policies.setdefault(sid.policy_id, {})[sid.version] = entry
             self.hot.add(sid, hot.refs[0], header.nbytes, hot.header)
-            self._counters["fetches"] += 1
+            self._count("fetches")
             entry.pending = self._writer.submit(self._spill, sid, entry, hot.refs[0])
         self.catalog.hold.remote(sid.policy_id, sid.version, self.node_id)
         return hot
@@ -517,8 +544,8 @@ class StoreServer:
             self.forget(*sid)
             self.feed.deleted(sid)
             for holder in entry.holders:
-                if holder == DURABLE and self.durable is not None and (file := self.durable.find(sid)):
-                    self.durable.remove(file)
+                if holder == DURABLE:
+                    self._remove_durable(sid)
                 elif holder not in (DURABLE, self.node_id):
                     try:
                         peers.append(ray.get_actor(store_name(holder), namespace=NAMESPACE).forget.remote(*sid))
@@ -559,9 +586,8 @@ class StoreServer:
         expect = Expected(*sid, info.summary.checksum)
         if file is not None:
             checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)", expect=expect), None))
-        if self.durable is not None and (durable_file := self.durable.find(sid)) is not None:
-            checks.append(("durable", lambda: self.durable.read(durable_file, f"{sid} (durable copy)", expect=expect),
-                           None))
+        if self.durable is not None and self.durable.find(sid):
+            checks.append(("durable", lambda: self.durable.read(sid, expect), None))
         for name, load, what in checks:
             try:
                 buf = load()
@@ -590,6 +616,43 @@ class StoreServer:
         for future in pending:
             future.result()
         return len(pending)
+
+    # ---- metrics and the durable tier ----------------------------------------------------------------------
+    def _count(self, name: str) -> None:
+        """Bump a counter in ``stats()`` and, where Ray exports it, in the node's metrics."""
+        self._counters[name] += 1
+        if name in COUNTERS:
+            self.metrics.count(name)
+
+    @contextmanager
+    def _timed(self, histogram: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.metrics.observe(histogram, time.perf_counter() - start)
+
+    def _report_gauges(self) -> None:
+        """Export the tiers' sizes every few seconds (Ray's metrics agent scrapes on its own interval)."""
+        while True:
+            with self._lock:
+                entries = [e for _, e in self._items_locked()]
+                values = {"hot_bytes": self.hot.bytes, "hot_snapshots": len(self.hot),
+                          "disk_bytes": self._disk_bytes_locked(),
+                          "disk_snapshots": sum(e.file is not None for e in entries)}
+            self.metrics.set_gauges(**values)
+            time.sleep(_GAUGE_INTERVAL_S)
+
+    def _remove_durable(self, sid: SnapshotId) -> None:
+        """Uncommit and delete ``sid`` in the durable tier; a storage error is logged (the catalog no longer lists
+        it, and a fresh catalog adopting the tier would bring it back: say so loudly)."""
+        if self.durable is None:
+            return
+        try:
+            self.durable.remove(sid)
+        except DurableTierError as exc:
+            log.error("could not remove %s from the durable tier (a catalog rebuilt from it would list it): %s",
+                      sid, exc)
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------------------
     def _items_locked(self) -> list[tuple[SnapshotId, _Entry]]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-DTYPES = [
+DTYPES = [  # all 15 safetensors dtypes
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
-    torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.int32, torch.int64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32,
+    torch.uint64,
 ]
 
 

@@ -12,9 +12,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import policystore
 from policystore import StoreConfig
-from policystore.config import CATALOG_NAME, NAMESPACE
+from policystore.config import CATALOG_NAME, NAMESPACE, store_name
+from policystore.memory import MiB
 
-MiB = 1024 * 1024
 STORE_MEMORY = 400 * MiB
 
 
@@ -36,7 +36,7 @@ class Peer:
         return policystore.connect().publish(policy_id, filled(version_value, mib), durable=durable).version
 
     def get(self, policy_id: str, version: int | None = None) -> tuple[int, float, float]:
-        policystore.client._snapshots.clear()  # force a trip to the store, as a fresh reader would
+        policystore.clear_cache()  # force a trip to the store, as a fresh reader would
         snap = policystore.connect().get(policy_id, version)
         return snap.id.version, float(snap["a"].min()), float(snap["b"].max())
 
@@ -50,12 +50,13 @@ class Peer:
     def latest(self, policy_id: str) -> int:
         return policystore.connect().list(policy_id)[-1].id.version
 
-    def stats(self) -> dict:
+    def stats(self) -> policystore.StoreStats:
         return policystore.connect().stats()
 
     def store_pid(self) -> int:
-        store = policystore.connect()
-        return ray.get(store._actor.__ray_call__.remote(lambda self: os.getpid()))
+        node = policystore.connect().stats().node_id  # waits out a restart in progress
+        actor = ray.get_actor(store_name(node), namespace=NAMESPACE)
+        return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
 
     def read_loop(self, policy_id: str, seconds: float) -> tuple[int, list[int], list[str]]:
         """Read the latest version over and over: every snapshot must be whole and versions must never go back."""

@@ -14,7 +14,7 @@ import pytest
 import ray
 import torch
 from safetensors import safe_open
-from test_format import mixed_weights, same_bits
+from sample_weights import mixed_weights, same_bits
 from torch import nn
 
 import policystore
@@ -32,9 +32,7 @@ from policystore.errors import (
     UnknownPolicyError,
     UnknownVersionError,
 )
-from policystore.memory import session_pss_bytes
-
-MiB = 1024 * 1024
+from policystore.memory import MiB, session_pss_bytes
 
 
 def net() -> nn.Module:
