@@ -172,8 +172,30 @@ def _drain() -> None:
         count = _protected.pop((lo, hi))
         if count > 1:
             _protected[(lo, hi)] = count - 1
-        else:
+        elif _still_protected(lo, hi):
             _mprotect(lo, hi, _PROT_READ | _PROT_WRITE)
+
+
+def _still_protected(lo: int, hi: int) -> bool:
+    """Whether [lo, hi) is still mapped read-only and not executable, as this module left it.
+
+    After ``ray.shutdown()`` the object store's mapping is gone and the addresses may since hold something else (a
+    shared library's code, a new arena): making those writable would strip their execute bit and crash the
+    process. So a release only unprotects pages that are still mapped read-only (``r--``).
+    """
+    covered = lo
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, perms = line.split(maxsplit=2)[:2]
+            start, end = (int(x, 16) for x in span.split("-"))
+            if end <= covered or start >= hi:
+                continue
+            if start > covered or not perms.startswith("r--"):
+                return False
+            covered = end
+            if covered >= hi:
+                return True
+    return False
 
 
 def protected_ranges() -> int:
