@@ -8,6 +8,11 @@ still holds the old session's copies, included) plays the checkpoint's bytes, an
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -43,7 +48,25 @@ def held_bytes(runner) -> dict[str, dict[str, bytes]]:
     }
 
 
+_CHILD = "POLICYSTORE_TEST_RESTORE_CHILD"
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def test_restore_in_a_new_session_republishes_while_the_old_algorithm_lives(tmp_path):
+    """Runs in a fresh interpreter: the scenario is a whole process's life (two Ray sessions, the first one's
+    objects still alive), which the suite's long-lived process, after dozens of sessions of its own, is not."""
+    if os.environ.get(_CHILD):
+        scenario(tmp_path)
+        return
+    test = f"{Path(__file__).name}::test_restore_in_a_new_session_republishes_while_the_old_algorithm_lives"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).parent / test)],
+        cwd=ROOT, env={**os.environ, _CHILD: "1"}, capture_output=True, text=True, timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+
+
+def scenario(tmp_path: Path) -> None:
     start_ray()
     try:
         old = build_config(parse_args(SHORT)).build_algo()
