@@ -15,6 +15,7 @@ Nothing here imports torch: the store actor uses the feed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import math
@@ -35,6 +36,14 @@ from .wire import HotSnapshot, StoreEvents
 log = logging.getLogger(__name__)
 
 _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
+_CHECK_S = 0.1  # how often a follower waiting on its long poll checks that it should still follow
+
+
+def _ray_session() -> str | None:
+    """The Ray session this process is connected to (None: none): a follower never outlives the one it started in."""
+    if not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_session_name()
 
 
 class Feed:
@@ -229,14 +238,17 @@ class Follower:
 
     def _run(self) -> None:
         failures = 0
-        while not self._stop.is_set() and ray.is_initialized():
+        session = _ray_session()
+        while not self._stop.is_set() and _ray_session() == session:
             try:
                 if self._actor is None:
                     self._actor = ray.get_actor(self._name, namespace=NAMESPACE)
                 call = self._actor.watch.remote(self._seq if self._epoch else 0, self._poll_s)
-                events = ray.get(call, timeout=self._poll_s * 4 + 10)
+                events = self._wait(call.future(), session, self._poll_s * 4 + 10)
+                if events is None:
+                    return
             except Exception as exc:  # store restarting or gone, Ray shutting down: reads fall back meanwhile
-                if self._stop.is_set() or not ray.is_initialized():
+                if self._stop.is_set() or _ray_session() != session:
                     return
                 if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
                     self._actor = None  # stopped for good (or not there yet): find its successor by name
@@ -249,6 +261,19 @@ class Follower:
             failures = 0
             if not self._stop.is_set():
                 self._apply(events)
+
+    def _wait(self, future: concurrent.futures.Future, session: str | None, timeout_s: float) -> StoreEvents | None:
+        """The long poll's answer, waited for in Python: a thread blocked inside ``ray.get`` when ``ray.shutdown()``
+        destroys the core worker is left waiting on freed memory (a crash later). None: stopped or Ray shut down."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return future.result(timeout=min(_CHECK_S, max(deadline - time.monotonic(), 0.0)))
+            except concurrent.futures.TimeoutError:
+                if self._stop.is_set() or _ray_session() != session:
+                    return None
+                if time.monotonic() >= deadline:
+                    raise
 
     def _apply(self, events: StoreEvents) -> None:
         if not events.reset and events.epoch != self._epoch:
