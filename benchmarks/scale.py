@@ -244,7 +244,7 @@ def fanout(results: harness.Results, args) -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
         session = ray.get_runtime_context().get_session_name()
-        policystore.connect_all(StoreConfig())  # spill folders per node, under <tmp>/policystore/<session>
+        policystore.connect_all(StoreConfig())  # spill folders per node, under <tmp>/policystore-spill/<session>
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         head = cluster.head_node.node_id
 
@@ -273,7 +273,7 @@ def fanout(results: harness.Results, args) -> None:
         ray.shutdown()
         cluster.shutdown()
         if session:
-            shutil.rmtree(os.path.join(tempfile.gettempdir(), "policystore", session), ignore_errors=True)
+            shutil.rmtree(StoreConfig.default_root(session), ignore_errors=True)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -15,7 +15,7 @@ class StoreConfig:
     hot_capacity_bytes: bytes of snapshots kept in the object store before least-recently-used ones are evicted
         to disk. None: half of this node's object store.
     spill_dir: the node's disk tier (node-local). Every snapshot is written here (at once when published durably,
-        else in the background); a restarted store rebuilds from it. None: <tmp>/policystore/<session>/<node_id>,
+        else in the background); a restarted store rebuilds from it. None: <tmp>/policystore-spill/<session>/<node_id>,
         so neither two clusters nor two nodes on one machine share it.
     durable_uri: where every snapshot is also written, so it survives the loss of the node that published it:
         ``s3://bucket/prefix``, ``gs://...``, ``hdfs://...``, ``file://...`` or a path every node mounts (any
@@ -63,7 +63,7 @@ class StoreConfig:
     def resolved_spill_dir(self, session_name: str, node_id: str) -> str:
         if self.spill_dir is not None:
             return os.path.abspath(os.path.expanduser(self.spill_dir))
-        return os.path.join(self._default_root(session_name), node_id)
+        return os.path.join(self.default_root(session_name), node_id)
 
     def catalog_journal(self, session_name: str) -> str:
         """Where an older catalog kept its JSON-lines journal (imported once by the catalog if it is there): in a
@@ -80,11 +80,13 @@ class StoreConfig:
     def _local_root(self, session_name: str) -> str:
         if self.spill_dir:
             return os.path.abspath(os.path.expanduser(self.spill_dir))
-        return self._default_root(session_name)
+        return self.default_root(session_name)
 
     @staticmethod
-    def _default_root(session_name: str) -> str:
-        return os.path.join(tempfile.gettempdir(), "policystore", session_name)
+    def default_root(session_name: str) -> str:
+        """The folder under which a session's stores keep their spill folders and catalog when spill_dir is None."""
+        # not <tmp>/policystore: a folder of the package's name would shadow it for scripts run from <tmp>
+        return os.path.join(tempfile.gettempdir(), "policystore-spill", session_name)
 
 
 NAMESPACE = "policystore"
