@@ -98,6 +98,21 @@ def _check_summary(summary: Any) -> str:
     return meta_json(summary.meta)
 
 
+def _check_reports(entries: Sequence[tuple[Any, Any]], to_summary: Callable[[Any], Any],
+                   ) -> tuple[list[tuple[SnapshotId, Summary, str]], list[tuple[SnapshotId, str]]]:
+    """Reported (id, summary) pairs checked before anything is written: (id, summary, meta JSON) for the valid
+    ones, (id, why) for the others; one bad report never stops the others from being taken."""
+    valid, invalid = [], []
+    for sid, what in entries:
+        sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
+        try:
+            summary = to_summary(what)
+            valid.append((sid, summary, _check_summary(summary)))
+        except (TypeError, InvalidWeightsError) as exc:
+            invalid.append((sid, str(exc)))
+    return valid, invalid
+
+
 def _check_node(node_id: Any) -> str:
     if not isinstance(node_id, str) or not node_id:
         raise InvalidWeightsError(f"node id must be a non-empty str, got {node_id!r}")
@@ -236,14 +251,9 @@ class CatalogServer:
         Committed versions the node no longer reports lose it as a holder.
         """
         _check_node(node_id)
-        reports, discard, quarantine, kept = [], [], [], set()
-        for sid, what in held:
-            sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
-            summary = what if isinstance(what, Summary) else Summary(0, what, {}, 0.0, False)
-            try:
-                reports.append((sid, summary, _check_summary(summary)))
-            except InvalidWeightsError as exc:  # one bad file must not stop the store from taking the others
-                quarantine.append((sid, str(exc)))
+        reports, quarantine = _check_reports(
+            held, lambda what: what if isinstance(what, Summary) else Summary(0, what, {}, 0.0, False))
+        discard, kept = [], set()
         with self._write(durable=True) as db:
             for sid, summary, meta in reports:
                 row = db.execute("SELECT state, node, checksum FROM snapshots WHERE pid = ? AND version = ?",
@@ -281,15 +291,9 @@ class CatalogServer:
         or aborted, or that conflict with it, are skipped and said why (the durable tier is never trusted over
         the catalog's own record).
         """
-        checked, added, held, skipped = [], [], [], []
-        for sid, summary in entries:
-            sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
-            try:
-                if isinstance(summary, Mapping):
-                    summary = Summary(**summary)
-                checked.append((sid, summary, _check_summary(summary)))
-            except (TypeError, InvalidWeightsError) as exc:
-                skipped.append(f"{sid}: not a valid summary: {exc}")
+        checked, invalid = _check_reports(entries, lambda s: Summary(**s) if isinstance(s, Mapping) else s)
+        added, held = [], []
+        skipped = [f"{sid}: not a valid summary: {why}" for sid, why in invalid]
         with self._write(durable=True) as db:
             for sid, summary, meta in checked:
                 row = db.execute("SELECT state, checksum FROM snapshots WHERE pid = ? AND version = ?",

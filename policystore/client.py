@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import mmap
 import os
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,12 +24,13 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .catalog import CatalogServer
-from .config import CATALOG_NAME, NAMESPACE, StoreConfig, staging_dir, store_name
+from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
 from .errors import CorruptSnapshotError, PolicyStoreError, SnapshotTooLargeError, UnknownVersionError
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
 from .protect import open_shared
 from .server import StoreServer, check_durable
+from .staging import StagingFile
 from .watch import Follower, PushState
 from .wire import CatalogEntry, HotSnapshot, SnapshotInfo, StoreStats, VerifyReport
 
@@ -70,6 +69,23 @@ class _Session:
         self.deleted: set[SnapshotId] = set()  # never served again from pushed state, whatever arrives late
         self.catalog_epoch = ""
         self.closed = False
+        self._staging: StagingFile | None = None
+        self._staging_failed = False
+
+    def staging(self) -> StagingFile | None:
+        """This process's staging file (made on first use; None: /dev/shm unusable, publish by value)."""
+        with self.lock:
+            if self._staging is None and not self._staging_failed:
+                self._staging = StagingFile.create()
+                self._staging_failed = self._staging is None
+            return self._staging
+
+    def retire(self, staging: StagingFile) -> None:
+        """Never pack into ``staging`` again (the next publish makes a new file)."""
+        with self.lock:
+            if self._staging is staging:
+                self._staging = None
+        staging.remove()
 
     def follower(self, node_id: str, config: StoreConfig) -> Follower:
         with self.lock:
@@ -142,6 +158,9 @@ class _Session:
             self.followers.clear()
             self.clients.clear()
             self.snapshots.clear()
+            staging, self._staging = self._staging, None
+        if staging is not None:
+            staging.remove()
 
 
 _session: _Session | None = None
@@ -323,34 +342,39 @@ class PolicyStore:
         check_policy_id(policy_id)
         check_durable(durable)
         session = self._live()
-        staging = _Staging.open() if self._local else None
-        packed = None
+        staging = session.staging() if self._local else None
         if staging is not None:
-            try:
-                packed = len(pack(weights, policy_id=policy_id, meta=meta, alloc=staging.alloc))
-                staging.unmap()
-            except OSError as exc:  # /dev/shm full: the snapshot travels by value instead
-                log.warning("policystore: staging in %s failed (%s); publishing by value", staging.path, exc)
-                staging.discard()
-                staging = None
-            except BaseException:
-                staging.discard()
-                raise
-        try:
-            if staging is not None:
-                self._check_size(policy_id, packed)
-                sid = self._call(StoreServer.publish_staged, policy_id, str(staging.path), durable, idempotent=False)
-            else:
-                buf = pack(weights, policy_id=policy_id, meta=meta)
-                self._check_size(policy_id, len(buf))
-                sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
-        finally:
-            if staging is not None:
-                staging.discard()
+            with staging.lock:
+                sid = self._publish_staged(session, staging, policy_id, weights, meta, durable)
+        else:
+            sid = None
+        if sid is None:
+            buf = pack(weights, policy_id=policy_id, meta=meta)
+            self._check_size(policy_id, len(buf))
+            sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
         if sid.version <= session.seen.get(policy_id, 0):  # versions never repeat within one catalog
             session.renumbered()
         session.saw(sid)
         return sid
+
+    def _publish_staged(self, session: _Session, staging: StagingFile, policy_id: str,
+                        weights: Mapping[str, torch.Tensor | np.ndarray], meta: Mapping[str, Any] | None,
+                        durable: bool) -> SnapshotId | None:
+        """Pack into this process's staging file and hand its name to the store (None: /dev/shm is full, publish
+        by value). A publish that fails after the hand-over retires the file: the store may still be reading it."""
+        try:
+            nbytes = len(pack(weights, policy_id=policy_id, meta=meta, alloc=staging.alloc))
+        except OSError as exc:
+            log.warning("policystore: staging in %s failed (%s); publishing by value", staging.path, exc)
+            session.retire(staging)
+            return None
+        self._check_size(policy_id, nbytes)
+        try:
+            return self._call(StoreServer.publish_staged, policy_id, str(staging.path), nbytes, durable,
+                              idempotent=False)
+        except BaseException:
+            session.retire(staging)
+            raise
 
     def _check_size(self, policy_id: str, nbytes: int) -> None:
         if nbytes > self._hot_capacity:
@@ -510,49 +534,6 @@ class PolicyStore:
     def shutdown(self) -> None:
         """Stop this node's store; see ``policystore.client.shutdown``."""
         shutdown(self.node_id)
-
-
-class _Staging:
-    """A file in /dev/shm that ``pack`` writes the snapshot into and the node's store takes (then removes)."""
-
-    def __init__(self, path: os.PathLike, fd: int):
-        self.path, self._fd = path, fd
-        self._map: mmap.mmap | None = None
-
-    @classmethod
-    def open(cls) -> _Staging | None:
-        """A new staging file, or None when /dev/shm cannot be used (the snapshot then travels by value)."""
-        folder = staging_dir()
-        try:
-            folder.mkdir(mode=0o700, exist_ok=True)
-            path = folder / f"{os.getpid()}-{uuid.uuid4().hex}"
-            return cls(path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-        except OSError as exc:
-            log.debug("no staging file in %s (%s): publishing by value", folder, exc)
-            return None
-
-    def alloc(self, nbytes: int) -> np.ndarray:
-        """The destination ``pack`` fills: the file's pages, reserved up front (a full /dev/shm is an error here,
-        never a SIGBUS while writing)."""
-        os.posix_fallocate(self._fd, 0, nbytes)
-        self._map = mmap.mmap(self._fd, nbytes)
-        return np.frombuffer(self._map, dtype=np.uint8)
-
-    def unmap(self) -> None:
-        try:
-            self._map.close()
-        except BufferError:  # an array still views it: it is unmapped when that goes
-            pass
-
-    def discard(self) -> None:
-        """Close and remove the file (the store removes it when it takes it; either may come first)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def shutdown(node_id: str | None = None) -> bool:

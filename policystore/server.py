@@ -20,9 +20,6 @@ The store holds bytes and names only: it never imports torch.
 from __future__ import annotations
 
 import logging
-import mmap
-import os
-import stat
 import threading
 import time
 from collections import Counter
@@ -30,13 +27,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 
-from .config import CATALOG_NAME, NAMESPACE, StoreConfig, staging_dir, store_name
+from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
 from .errors import (
     CorruptSnapshotError,
     DurableTierError,
@@ -52,6 +48,7 @@ from .ids import SnapshotId, check_policy_id, check_version
 from .metrics import COUNTERS, StoreMetrics
 from .protect import open_shared, shareable
 from .spill import DiskTier, Expected, SpillFile
+from .staging import StagingMaps
 from .watch import Feed
 from .wire import (
     CatalogEntry,
@@ -114,25 +111,6 @@ def _head(buf: np.ndarray) -> bytes:
     return bytes(buf[: 8 + int.from_bytes(buf[:8].tobytes(), "little")])
 
 
-def _remove_orphans(folder: Path) -> None:
-    """Staging files of publishers that died before handing them over (named ``<pid>-<random>``)."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        pid = name.partition("-")[0]
-        try:
-            os.kill(int(pid), 0)
-            continue  # a live process: maybe publishing right now
-        except ProcessLookupError:
-            pass
-        except (ValueError, OSError):
-            continue  # not ours, or not ours to judge
-        log.info("removing staging file %s of a publisher that is gone", name)
-        (folder / name).unlink(missing_ok=True)
-
-
 def check_durable(durable: object) -> bool:
     if not isinstance(durable, bool):
         raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
@@ -154,8 +132,7 @@ class StoreServer:
         self.feed = Feed()
         self.hot = HotTier(capacity, self.feed)
         self.catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
-        self._staging = staging_dir()
-        _remove_orphans(self._staging)
+        self._staging = StagingMaps()
         self._lock = threading.Lock()
         self._policies: dict[str, dict[int, _Entry]] = {}  # this node's copies, versions in increasing order
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot
@@ -253,31 +230,11 @@ class StoreServer:
             raise InvalidWeightsError("publish takes a packed snapshot (1-D uint8 buffer from policystore.format.pack)")
         return self._publish(policy_id, buf, durable)
 
-    def publish_staged(self, policy_id: str, path: str, durable: bool = False) -> SnapshotId:
-        """Publish the packed snapshot a publisher on this node wrote to a staging file; the file is removed."""
+    def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False) -> SnapshotId:
+        """Publish the snapshot a publisher on this node packed into the first ``nbytes`` of its staging file (the
+        file stays: the publisher packs its next snapshot into the same pages)."""
         check_policy_id(policy_id)
-        staged = Path(path)
-        if staged.parent != self._staging:
-            raise InvalidOptionError(f"staging file {path!r} is not in the staging folder {self._staging}")
-        try:
-            fd = os.open(staged, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise InvalidOptionError(f"cannot open staging file {path!r}: {exc}") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size == 0:
-                raise InvalidOptionError(f"staging file {path!r} is not a non-empty regular file of this user")
-            mapped = mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ)
-            try:
-                return self._publish(policy_id, np.frombuffer(mapped, dtype=np.uint8), durable)
-            finally:
-                try:
-                    mapped.close()
-                except BufferError:  # an error's traceback still views it: unmapped once that goes
-                    pass
-        finally:
-            os.close(fd)
-            staged.unlink(missing_ok=True)
+        return self._publish(policy_id, self._staging.view(path, nbytes), durable)
 
     def _publish(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
         """Copy ``buf`` into the object store and commit it; durable publishes write their files first.

@@ -239,7 +239,15 @@ def test_a_new_ray_session_never_reuses_the_old_sessions_state():
     assert done.stdout.split() == ["EMPTY", "NEW", "1", "0.0"], done.stdout
 
 
-def test_a_store_removes_staging_files_their_publishers_left_behind(make_store):
+@ray.remote(num_cpus=0.1)
+class Publisher:
+    def publish(self, version_seed: int) -> tuple[int, list[str]]:
+        policystore.connect().publish("from_actor", weights_of_mib(0.25, seed=version_seed))
+        folder = policystore.config.staging_dir()
+        return os.getpid(), [str(p) for p in folder.iterdir() if p.name.startswith(f"{os.getpid()}-")]
+
+
+def test_one_staging_file_per_publisher_reused_and_removed_once_it_is_gone(make_store):
     folder = policystore.config.staging_dir()
     folder.mkdir(mode=0o700, exist_ok=True)
     orphan = folder / "999999999-left-by-a-killed-publisher"  # no such process
@@ -249,8 +257,26 @@ def test_a_store_removes_staging_files_their_publishers_left_behind(make_store):
     try:
         store = make_store()
         assert not orphan.exists() and live.exists()
-        store.publish("p", net().state_dict())  # and its own staging file is gone once published
-        assert [p for p in folder.iterdir() if p.name.startswith(f"{os.getpid()}-")] == [live]
+        publisher = Publisher.remote()
+        pid, files = ray.get(publisher.publish.remote(0))
+        assert len(files) == 1  # one file per publishing process...
+        assert ray.get(publisher.publish.remote(1)) == (pid, files)  # ...reused by its next publish
+        assert torch.equal(store.get("from_actor", 1)["w"], weights_of_mib(0.25, seed=0)["w"])
+        assert torch.equal(store.get("from_actor", 2)["w"], weights_of_mib(0.25, seed=1)["w"])
+        os.kill(pid, signal.SIGKILL)  # killed: its file stays until the store next sees a new publisher
+        wait_for(lambda: not _alive(pid), "the publisher is dead")
+        assert os.path.exists(files[0])
+        store.publish("p", net().state_dict())
+        assert not os.path.exists(files[0]) and live.exists()
+        assert store.get("p")["0.weight"].shape == (32, 16)
     finally:
         live.unlink(missing_ok=True)
         orphan.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False

@@ -444,7 +444,7 @@ def test_bad_weights_and_oversized_snapshots_lose_nothing(make_store):
         with pytest.raises(InvalidOptionError, match="durable must be True or False"):
             store.publish("keep", weights_of_mib(1), durable=durable)
     with pytest.raises(InvalidOptionError, match="staging folder"):  # the store maps only its own staging files
-        ray.get(actor.publish_staged.remote("keep", "/etc/passwd"))
+        ray.get(actor.publish_staged.remote("keep", "/etc/passwd", 16))
     assert [i.id.version for i in store.list("keep")] == [1]
     assert store.verify("keep").hot is True
 
