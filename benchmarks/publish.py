@@ -3,9 +3,10 @@
 Timed inside a learner actor, per snapshot size (p50/p99 over --repeats, fewer for big snapshots):
   memcpy_ms         np.copyto of the packed buffer's bytes between two preallocated arrays (the yardstick)
   pack_ms           policystore.format.pack(state_dict): the copy into one buffer plus the CRC-32C
-  publish_ms        store.publish(policy, state_dict): pack straight into a staging file in /dev/shm, one call
-                    to the store actor (the file's name crosses, not the bytes), the store's one copy into the
-                    object store and one catalog call; the disk write happens in the background
+  publish_ms        store.publish(policy, state_dict): pack straight into this process's staging file in /dev/shm
+                    (reused from publish to publish), one call to the store actor (the file's name crosses, not
+                    the bytes), the store's one copy into the object store and one catalog call; the disk write
+                    happens in the background
   durable_ms        store.publish(..., durable=True): also written, checksummed and fsync'd before returning
   publish_x_memcpy  publish_ms / memcpy_ms (target <= 3)
   noop_call_ms      floor: ray.get of an actor call that does nothing (a publish makes two: store, catalog)
