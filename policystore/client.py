@@ -419,7 +419,7 @@ class PolicyStore:
         except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
             self._follower.drop(sid)
             return None
-        self._actor.touch.remote(*sid)  # no wait: keeps the store's LRU order honest about pushed reads
+        self._follower.used(sid)  # told to the store with the next long poll, for its LRU order
         return session.keep(Snapshot(sid, buffer, ref, header))
 
     def _resolve(self, session: _Session, policy_id: str, version: int | None) -> Snapshot:
@@ -523,9 +523,10 @@ class PolicyStore:
         return report
 
     def flush(self) -> None:
-        """Wait until every snapshot published so far is on disk."""
+        """Wait until every snapshot published so far is on disk, and the store knows of every read so far (reads
+        of pushed snapshots reach its LRU order with the next long poll, a fraction of a second later, or now)."""
         self._live()
-        self._call(StoreServer.flush)
+        self._call(StoreServer.flush, self._follower.take_used() if self._follower is not None else ())
 
     def drop_cache(self) -> None:
         """Drop this process's cached snapshots (``policystore.clear_cache()``)."""

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -214,14 +214,18 @@ class StoreServer:
             return 0
 
     @ray.method(concurrency_group="watch")
-    def watch(self, since: int, timeout_s: float) -> StoreEvents:
-        """The node's league changes after event ``since`` (long poll of at most ``timeout_s``), for readers."""
+    def watch(self, since: int, timeout_s: float, used: Sequence[SnapshotId] = ()) -> StoreEvents:
+        """The node's league changes after event ``since`` (long poll of at most ``timeout_s``), for readers.
+
+        ``used``: the pushed snapshots the reader opened since its last call, marked recently used here (a read of
+        a pushed ref never calls the store, so this is how its reads keep the LRU order honest)."""
+        self._used(used)
         return self.feed.watch(since, min(float(timeout_s), 60.0))
 
-    def touch(self, policy_id: str, version: int) -> None:
-        """A reader started using a pushed snapshot: mark it recently used (readers of pushed refs skip resolve)."""
+    def _used(self, used: Sequence[SnapshotId]) -> None:
         with self._lock:
-            self.hot.get(SnapshotId(policy_id, version))
+            for sid in used:
+                self.hot.get(SnapshotId(*sid))
 
     # ---- publish -------------------------------------------------------------------------------------------
     def publish(self, policy_id: str, buf: np.ndarray, durable: bool = False) -> SnapshotId:
@@ -565,8 +569,10 @@ class StoreServer:
                     entry.corrupt = problems[0]
         return VerifyReport(sid, found["hot"], found["disk"], found["durable"], tuple(problems), healed)
 
-    def flush(self) -> int:
-        """Wait until every background spill (and the startup reconcile) has finished; returns how many."""
+    def flush(self, used: Sequence[SnapshotId] = ()) -> int:
+        """Wait until every background spill (and the startup reconcile) has finished; returns how many.
+        ``used``: pushed snapshots the caller opened and has not told yet (see ``watch``)."""
+        self._used(used)
         self._reconciled.result()
         with self._lock:
             pending = [e.pending for _, e in self._items_locked() if e.pending is not None]

@@ -202,6 +202,7 @@ class Follower:
         self._as_of = -math.inf
         self._epoch: str | None = None
         self._seq = 0
+        self._used: set[SnapshotId] = set()  # opened since the last long poll (the store's LRU learns with the next)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"policystore-follow-{node_id[:12]}", daemon=True)
         self._thread.start()
@@ -214,6 +215,15 @@ class Follower:
 
     def hot(self, sid: SnapshotId) -> tuple[ray.ObjectRef, Header] | None:
         return self._hot.get(sid)
+
+    def used(self, sid: SnapshotId) -> None:
+        """This process opened a pushed snapshot (no store call on the read path: the next long poll says so)."""
+        self._used.add(sid)
+
+    def take_used(self) -> tuple[SnapshotId, ...]:
+        """The snapshots opened since the last call to the store, now to be told to it."""
+        used, self._used = self._used, set()
+        return tuple(used)
 
     def drop(self, sid: SnapshotId, deleted: bool = False) -> None:
         """Let go of a pushed ref (found dead or damaged); ``deleted``: also stop calling it the latest version."""
@@ -243,7 +253,7 @@ class Follower:
             try:
                 if self._actor is None:
                     self._actor = ray.get_actor(self._name, namespace=NAMESPACE)
-                call = self._actor.watch.remote(self._seq if self._epoch else 0, self._poll_s)
+                call = self._actor.watch.remote(self._seq if self._epoch else 0, self._poll_s, self.take_used())
                 events = self._wait(call.future(), session, self._poll_s * 4 + 10)
                 if events is None:
                     return

@@ -220,7 +220,8 @@ def test_lru_eviction_and_transparent_restore(make_store):
     held = store.get("p0")  # a reader holding views across eviction
     store.publish("p1", originals["p1"])
     policystore.clear_cache()  # as another process would, open it anew (the store hears of it: recency)
-    store.get("p0")  # touch: p1 is now the least recently used
+    store.get("p0")  # touch: p1 is now the least recently used...
+    store.flush()  # ...once the store knows (a pushed read tells it with the next long poll, or a flush)
     store.publish("p2", originals["p2"])
     store.flush()
     tiers = {info.id.policy_id: info.tier for info in store.list()}
