@@ -134,6 +134,10 @@ class StoreServer:
         self.catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
         self._staging = StagingMaps()
         self._lock = threading.Lock()
+        # Publishes in flight per policy: the catalog may announce a version before this store has recorded its own
+        # copy of it; a get of that version waits for the publish instead of looking elsewhere.
+        self._publishing: Counter[str] = Counter()
+        self._landed = threading.Condition(self._lock)
         self._policies: dict[str, dict[int, _Entry]] = {}  # this node's copies, versions in increasing order
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="policystore-spill")
@@ -246,8 +250,17 @@ class StoreServer:
         Non-durable: one catalog call (``publish``) after the copy. Durable: ``reserve``, fsync'd files, the copy,
         then ``commit``. Killed anywhere before the commit, the version is never visible: complete or absent.
         """
-        with self._timed("publish_latency"):
-            return self._publish_timed(policy_id, buf, durable)
+        with self._lock:
+            self._publishing[policy_id] += 1
+        try:
+            with self._timed("publish_latency"):
+                return self._publish_timed(policy_id, buf, durable)
+        finally:
+            with self._lock:
+                self._publishing[policy_id] -= 1
+                if not self._publishing[policy_id]:
+                    del self._publishing[policy_id]
+                self._landed.notify_all()
 
     def _publish_timed(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
         check_policy_id(policy_id)
@@ -287,6 +300,7 @@ class StoreServer:
             sid = ray.get(self.catalog.publish.remote(policy_id, self.node_id, _summary(header, False))).id
         with self._lock:
             self._policies.setdefault(policy_id, {})[sid.version] = entry
+            self._landed.notify_all()
             self.hot.add(sid, ref, header.nbytes, _head(buf))
             self.feed.raise_latest(*sid)
             self._count("publishes")
@@ -365,7 +379,7 @@ class StoreServer:
             version = info.version
         sid = SnapshotId(policy_id, check_version(version))
         with self._lock:
-            entry = self._policies.get(policy_id, {}).get(sid.version)
+            entry = self._own_copy_locked(sid)
             if entry is not None and entry.corrupt:
                 raise CorruptSnapshotError(entry.corrupt)
             hot = self.hot.get(sid) if entry is not None else None
@@ -393,6 +407,16 @@ class StoreServer:
                 self._inflight.pop(sid, None)
         self._evict(protect=sid)
         return hot
+
+    def _own_copy_locked(self, sid: SnapshotId) -> _Entry | None:
+        """This node's entry for ``sid``; if a publish of that policy is in flight here, the copy it is recording
+        (its commit reaches readers through the catalog, possibly before the publish has recorded it here)."""
+        def found() -> _Entry | None:
+            return self._policies.get(sid.policy_id, {}).get(sid.version)
+
+        self._landed.wait_for(lambda: found() is not None or not self._publishing[sid.policy_id],
+                              timeout=_FETCH_TIMEOUT_S)
+        return found()
 
     def _restore(self, sid: SnapshotId, entry: _Entry) -> HotSnapshot:
         if entry.file is None:
