@@ -508,7 +508,7 @@ def main() -> None:
     parser.add_argument("--store-mib", type=int, default=256, help="object store per node")
     args = parser.parse_args()
     if args.quick:
-        args.minutes, args.procs, args.fault_every_s, args.read_gap_ms = 0.5, 2, 3.0, 250.0
+        args.minutes, args.procs, args.fault_every_s, args.read_gap_ms = 0.35, 2, 2.5, 250.0
     args.warmup_s = 5.0
     harness.setup_logging(args.verbose)
     # Ray workers import this code as the driver does (the nodes' processes inherit the environment)

@@ -180,14 +180,14 @@ def test_kill_during_publish_leaves_the_snapshot_whole_or_absent(cluster):
         assert not published
 
 
-def test_16_readers_never_see_a_torn_snapshot_while_a_learner_publishes(cluster):
+def test_12_readers_never_see_a_torn_snapshot_while_a_learner_publishes(cluster):
     c, _, _ = cluster
     nodes = node_ids(c)
-    readers = [on(nodes[i % len(nodes)]) for i in range(16)]
+    readers = [on(nodes[i % len(nodes)]) for i in range(12)]
     ray.get([r.node_and_store.remote() for r in readers])  # all started and connected
     learner = on(nodes[0])
     ray.get(learner.publish.remote("learner", 1, mib=0.5))
-    loops = [r.read_loop.remote("learner", 8.0) for r in readers]
+    loops = [r.read_loop.remote("learner", 6.0) for r in readers]
     published = [ray.get(learner.publish.remote("learner", v, mib=0.5)) for v in range(2, 12)]
     assert published == list(range(2, 12))
     results = ray.get(loops)
