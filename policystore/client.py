@@ -28,10 +28,10 @@ from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
 from .errors import CorruptSnapshotError, PolicyStoreError, SnapshotTooLargeError, UnknownVersionError
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
-from .protect import open_shared
+from .protect import follow_generation, open_shared
 from .server import StoreServer, check_durable
 from .staging import StagingFile
-from .watch import Follower, PushState
+from .watch import Follower, PushState, current_ray_session
 from .wire import CatalogEntry, HotSnapshot, SnapshotInfo, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from .snapshot import Snapshot
 
 log = logging.getLogger(__name__)
+
+# ray.shutdown() unmaps the object store: pages protected in one Ray session are never unprotected in another
+follow_generation(current_ray_session)
 
 # A store that dies is restarted by Ray and rebuilds from disk; reads retry across that for this long.
 RETRY_TIMEOUT_S = 60.0

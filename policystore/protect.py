@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,9 +47,28 @@ _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _libc.mprotect.restype = ctypes.c_int
 
 _lock = threading.Lock()
-_protected: dict[tuple[int, int], int] = {}  # page range -> number of open arrays over it, in this process
-_deferred: list[tuple[int, int, Any]] = []  # releases waiting for the lock (see _release)
+# page range -> (number of open arrays over it in this process, the mapping generation it was protected in)
+_protected: dict[tuple[int, int], tuple[int, object]] = {}
+_UNASKED = object()
+
+
+def _one_generation() -> object:
+    """A process whose mapping lives as long as the process (a Ray worker, the store): one generation."""
+    return None
+
+
+_generation: Callable[[], object] = _one_generation
+_deferred: list[tuple[int, int, object, Any]] = []  # releases waiting for the lock (see _release)
 _announced = False
+
+
+def follow_generation(current: Callable[[], object]) -> None:
+    """Say how to tell the current generation of the shared-memory mapping (the client passes its Ray session:
+    ``ray.shutdown()`` unmaps the object store whatever buffers are still referenced). Pages protected in an
+    earlier generation are never made writable again: that mapping is gone, and by the time their last view goes
+    the addresses may hold something else (a shared library's code would lose its execute bit)."""
+    global _generation
+    _generation = current
 
 
 def shareable(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -80,8 +100,10 @@ def open_shared(obj: Any) -> np.ndarray:
     lo, hi = _page_range(buf, obj[0], obj[2]) if padded else _inner_pages(buf)
     holder = _Holder(buf)
     array = np.asarray(holder)  # array.base is the holder: every view of the array keeps it alive
-    if hi > lo and _acquire(lo, hi):
-        weakref.finalize(holder, _release, lo, hi, obj)  # holds obj (the plasma buffer) until pages are writable
+    generation = _generation()
+    if hi > lo and _acquire(lo, hi, generation):
+        # holds obj (the plasma buffer) until the pages are writable again
+        weakref.finalize(holder, _release, lo, hi, generation, obj)
     return array
 
 
@@ -130,14 +152,16 @@ def _mprotect(lo: int, hi: int, prot: int) -> bool:
     return False
 
 
-def _acquire(lo: int, hi: int) -> bool:
+def _acquire(lo: int, hi: int, generation: object) -> bool:
     """Count one more open array over [lo, hi); protect the pages on the first. Returns whether they are counted."""
     global _announced
     with _lock:
-        count = _protected.get((lo, hi), 0)
+        count, protected_in = _protected.get((lo, hi), (0, generation))
+        if protected_in != generation:  # left over from a mapping that is gone: this range is new
+            count = 0
         if count == 0 and not _mprotect(lo, hi, _PROT_READ):
             return False
-        _protected[(lo, hi)] = count + 1
+        _protected[(lo, hi)] = (count + 1, generation)
         _drain()
         if not _announced:
             _announced = True
@@ -151,13 +175,13 @@ def _acquire(lo: int, hi: int) -> bool:
         return True
 
 
-def _release(lo: int, hi: int, obj: Any) -> None:
+def _release(lo: int, hi: int, generation: object, obj: Any) -> None:
     """The last array over [lo, hi) is gone: make the pages writable, then let ``obj`` (the buffer) go.
 
     A finaliser can run inside any allocation, also while this thread holds the lock: then the release waits in
     ``_deferred`` (keeping ``obj`` alive) and the lock's holder completes it, or the next acquire or release does.
     """
-    _deferred.append((lo, hi, obj))
+    _deferred.append((lo, hi, generation, obj))
     if _lock.acquire(blocking=False):
         try:
             _drain()
@@ -167,35 +191,20 @@ def _release(lo: int, hi: int, obj: Any) -> None:
 
 def _drain() -> None:
     """Complete every deferred release (called with the lock held)."""
+    current = _UNASKED
     while _deferred:
-        lo, hi, _obj = _deferred.pop()
-        count = _protected.pop((lo, hi))
+        lo, hi, generation, _obj = _deferred.pop()
+        count, protected_in = _protected.get((lo, hi), (0, None))
+        if not count or protected_in != generation:
+            continue  # an array of a mapping that is gone (the range was counted anew since, or forgotten)
         if count > 1:
-            _protected[(lo, hi)] = count - 1
-        elif _still_protected(lo, hi):
+            _protected[(lo, hi)] = (count - 1, protected_in)
+            continue
+        del _protected[(lo, hi)]
+        if current is _UNASKED:
+            current = _generation()
+        if generation == current:  # else the mapping is gone: leave whatever the addresses hold now alone
             _mprotect(lo, hi, _PROT_READ | _PROT_WRITE)
-
-
-def _still_protected(lo: int, hi: int) -> bool:
-    """Whether [lo, hi) is still mapped read-only and not executable, as this module left it.
-
-    After ``ray.shutdown()`` the object store's mapping is gone and the addresses may since hold something else (a
-    shared library's code, a new arena): making those writable would strip their execute bit and crash the
-    process. So a release only unprotects pages that are still mapped read-only (``r--``).
-    """
-    covered = lo
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            span, perms = line.split(maxsplit=2)[:2]
-            start, end = (int(x, 16) for x in span.split("-"))
-            if end <= covered or start >= hi:
-                continue
-            if start > covered or not perms.startswith("r--"):
-                return False
-            covered = end
-            if covered >= hi:
-                return True
-    return False
 
 
 def protected_ranges() -> int:

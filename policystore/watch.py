@@ -39,7 +39,7 @@ _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whol
 _CHECK_S = 0.1  # how often a follower waiting on its long poll checks that it should still follow
 
 
-def _ray_session() -> str | None:
+def current_ray_session() -> str | None:
     """The Ray session this process is connected to (None: none): a follower never outlives the one it started in."""
     if not ray.is_initialized():
         return None
@@ -248,8 +248,8 @@ class Follower:
 
     def _run(self) -> None:
         failures = 0
-        session = _ray_session()
-        while not self._stop.is_set() and _ray_session() == session:
+        session = current_ray_session()
+        while not self._stop.is_set() and current_ray_session() == session:
             try:
                 if self._actor is None:
                     self._actor = ray.get_actor(self._name, namespace=NAMESPACE)
@@ -258,7 +258,7 @@ class Follower:
                 if events is None:
                     return
             except Exception as exc:  # store restarting or gone, Ray shutting down: reads fall back meanwhile
-                if self._stop.is_set() or _ray_session() != session:
+                if self._stop.is_set() or current_ray_session() != session:
                     return
                 if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
                     self._actor = None  # stopped for good (or not there yet): find its successor by name
@@ -280,7 +280,7 @@ class Follower:
             try:
                 return future.result(timeout=min(_CHECK_S, max(deadline - time.monotonic(), 0.0)))
             except concurrent.futures.TimeoutError:
-                if self._stop.is_set() or _ray_session() != session:
+                if self._stop.is_set() or current_ray_session() != session:
                     return None
                 if time.monotonic() >= deadline:
                     raise

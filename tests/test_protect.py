@@ -187,3 +187,26 @@ def test_a_release_while_the_lock_is_held_waits_and_never_deadlocks():
         assert page_perms(inner).startswith("r--")  # still protected: the buffer is still held
     assert protect.protected_ranges() == 0
     assert page_perms(inner).startswith("rw")
+
+
+def test_pages_of_an_earlier_mapping_generation_are_never_made_writable_again():
+    """After ``ray.shutdown()`` the object store's mapping is gone, and its addresses may hold something else by the
+    time the last view of an old snapshot goes: such a release must leave the pages alone, and must not disturb a
+    range counted anew in the current generation."""
+    generation = ["session-1"]
+    buf = np.ones(6 * protect.PAGE, np.uint8)
+    inner, end = protect._inner_pages(buf)
+    protect.follow_generation(lambda: generation[0])
+    try:
+        old = protect.open_shared(buf)
+        generation[0] = "session-2"  # Ray was shut down and started again
+        new = protect.open_shared(buf)  # the same addresses, counted anew
+        del old
+        assert page_perms(inner).startswith("r--")  # the old release did not touch the new range
+        generation[0] = "session-3"
+        del new
+        assert page_perms(inner).startswith("r--")  # left alone: the mapping it was protected in is gone
+        assert protect.protected_ranges() == 0
+    finally:
+        protect.follow_generation(protect._one_generation)
+        protect._mprotect(inner, end, protect._PROT_READ | protect._PROT_WRITE)  # before buf's memory is freed
