@@ -147,7 +147,7 @@ class StoreServer:
         # Tell the catalog what survived on disk, without blocking startup on another actor.
         self._reconciled = ThreadPoolExecutor(1).submit(self._reconcile)
         threading.Thread(target=self._follow_catalog, name="policystore-catalog-follower", daemon=True).start()
-        threading.Thread(target=self._report_gauges, name="policystore-metrics", daemon=True).start()
+        threading.Thread(target=self._every_few_seconds, name="policystore-periodic", daemon=True).start()
         log.info("policystore on node %s: %d snapshots on %s, hot capacity %d bytes",
                  node_id, sum(map(len, self._policies.values())), spill_dir, capacity)
 
@@ -619,9 +619,11 @@ class StoreServer:
         finally:
             self.metrics.observe(histogram, time.perf_counter() - start)
 
-    def _report_gauges(self) -> None:
-        """Export the tiers' sizes every few seconds (Ray's metrics agent scrapes on its own interval)."""
+    def _every_few_seconds(self) -> None:
+        """Export the tiers' sizes (Ray's metrics agent scrapes on its own interval), and let go of the staging
+        files of publishers that are gone (their pages stay allocated while this store maps them)."""
         while True:
+            self._staging.sweep()
             with self._lock:
                 entries = [e for _, e in self._items_locked()]
                 values = {"hot_bytes": self.hot.bytes, "hot_snapshots": len(self.hot),

@@ -5,7 +5,7 @@ copies the bytes into the object store from its own mapping of the same pages. E
 open and mapped in both processes, from publish to publish: fresh shared memory costs more to fault in than to
 copy, so reusing the pages is what makes a publish cost about two memcpys. The price is one file the size of the
 largest snapshot each publishing process has published, held until that process ends (a process killed before
-removing its file leaves it for the store to remove: files are named ``<pid>-<random>``).
+removing its file leaves it for the store, which sweeps every few seconds: files are named ``<pid>-<random>``).
 """
 
 from __future__ import annotations
@@ -109,8 +109,6 @@ class StagingMaps:
             with self._lock:
                 inode, mapped = self._maps.get(path, (None, None))
                 if mapped is None or inode != info.st_ino or len(mapped) < nbytes:
-                    if mapped is None:
-                        self._sweep_locked()  # a new publisher: files of dead ones go now
                     mapped = mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ)
                     self._maps[path] = (info.st_ino, mapped)
         finally:
