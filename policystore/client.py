@@ -345,13 +345,11 @@ class PolicyStore:
         check_policy_id(policy_id)
         check_durable(durable)
         session = self._live()
-        staging = session.staging() if self._local else None
+        sid, staging = None, session.staging() if self._local else None
         if staging is not None:
             with staging.lock:
                 sid = self._publish_staged(session, staging, policy_id, weights, meta, durable)
-        else:
-            sid = None
-        if sid is None:
+        if sid is None:  # another node's store, no /dev/shm, or /dev/shm full: the snapshot travels by value
             buf = pack(weights, policy_id=policy_id, meta=meta)
             self._check_size(policy_id, len(buf))
             sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)

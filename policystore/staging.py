@@ -116,11 +116,8 @@ class StagingMaps:
         return np.frombuffer(mapped, dtype=np.uint8, count=nbytes)
 
     def sweep(self) -> None:
-        with self._lock:
-            self._sweep_locked()
-
-    def _sweep_locked(self) -> None:
-        """Remove the files of publishers that are gone; unmap files that were removed."""
+        """Remove the files of publishers that are gone; unmap files that were removed (and the oldest mappings
+        beyond ``_MAX_MAPS``)."""
         try:
             names = os.listdir(self.folder)
         except OSError:
@@ -136,10 +133,11 @@ class StagingMaps:
                 continue  # not ours, or not ours to judge
             log.info("removing staging file %s of a publisher that is gone", name)
             (self.folder / name).unlink(missing_ok=True)
-        for path in [p for p in self._maps if not os.path.exists(p)] + list(self._maps)[:-_MAX_MAPS]:
-            _, mapped = self._maps.pop(path, (None, None))
-            if mapped is not None:
-                try:
-                    mapped.close()
-                except BufferError:  # a publish still copies from it: unmapped once that is done
-                    pass
+        with self._lock:
+            for path in [p for p in self._maps if not os.path.exists(p)] + list(self._maps)[:-_MAX_MAPS]:
+                _, mapped = self._maps.pop(path, (None, None))
+                if mapped is not None:
+                    try:
+                        mapped.close()
+                    except BufferError:  # a publish still copies from it: unmapped once that is done
+                        pass
