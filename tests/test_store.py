@@ -447,6 +447,11 @@ def test_bad_weights_and_oversized_snapshots_lose_nothing(make_store):
             store.publish("keep", weights_of_mib(1), durable=durable)
     with pytest.raises(InvalidOptionError, match="staging folder"):  # the store maps only its own staging files
         ray.get(actor.publish_staged.remote("keep", "/etc/passwd", 16))
+    folder = policystore.config.staging_dir()
+    with pytest.raises(InvalidOptionError, match="positive int"):
+        ray.get(actor.publish_staged.remote("keep", str(folder / "1-x"), 0))
+    with pytest.raises(InvalidOptionError, match="cannot open staging file"):
+        ray.get(actor.publish_staged.remote("keep", str(folder / "1-no-such-file"), 16))
     assert [i.id.version for i in store.list("keep")] == [1]
     assert store.verify("keep").hot is True
 
