@@ -112,7 +112,7 @@ class _Holder:
 
     def __init__(self, buf: np.ndarray):
         self.__array_interface__ = {
-            "data": (buf.ctypes.data, True),  # read-only
+            "data": (_address(buf), True),  # read-only
             "shape": (buf.nbytes,),
             "typestr": "|u1",
             "version": 3,
@@ -121,15 +121,17 @@ class _Holder:
 
 def _page_range(buf: np.ndarray, pad_a: np.ndarray, pad_b: np.ndarray) -> tuple[int, int]:
     """Every page that holds a byte of ``buf``, if they all lie inside the padded object; else the inner pages."""
-    start, end = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    start = _address(buf)
+    end = start + buf.nbytes
     lo, hi = start - start % PAGE, -(-end // PAGE) * PAGE
     inside = (
         isinstance(pad_a, np.ndarray) and isinstance(pad_b, np.ndarray)
         and pad_a.nbytes == PAD_BYTES and pad_b.nbytes == PAD_BYTES
-        and pad_a.ctypes.data <= lo and pad_a.ctypes.data + PAD_BYTES <= start
-        and end <= pad_b.ctypes.data and hi <= pad_b.ctypes.data + PAD_BYTES
-        and pad_b.ctypes.data - pad_a.ctypes.data < buf.nbytes + 3 * PAD_BYTES  # one object, not three
     )
+    if inside:
+        a, b = _address(pad_a), _address(pad_b)
+        inside = a <= lo and a + PAD_BYTES <= start and end <= b and hi <= b + PAD_BYTES
+        inside = inside and b - a < buf.nbytes + 3 * PAD_BYTES  # one object, not three
     if inside:
         return lo, hi
     log.warning(
@@ -140,8 +142,13 @@ def _page_range(buf: np.ndarray, pad_a: np.ndarray, pad_b: np.ndarray) -> tuple[
 
 
 def _inner_pages(buf: np.ndarray) -> tuple[int, int]:
-    start, end = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    start = _address(buf)
+    end = start + buf.nbytes
     return -(-start // PAGE) * PAGE, end - end % PAGE
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]  # what array.ctypes.data says, without building a ctypes object
 
 
 def _mprotect(lo: int, hi: int, prot: int) -> bool:

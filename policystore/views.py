@@ -188,20 +188,53 @@ def fast_reads() -> Iterator[None]:
 
 
 def tensor_views(buf: np.ndarray, header: Header, snapshot: str) -> dict[str, SharedTensor]:
-    """One guarded view per tensor, all over ``buf`` (no bytes are copied)."""
-    with warnings.catch_warnings():  # a read-only buffer is the point: torch's warning about it is noise here
-        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
-        base = torch.frombuffer(memoryview(buf).cast("B"), dtype=torch.uint8)
+    """One guarded view per tensor, all over ``buf`` (no bytes are copied).
+
+    Each view is one ``as_strided`` of a typed view of the data section (one per dtype): the cheapest way torch
+    offers to make a view, which matters because a reader makes them for every snapshot it opens.
+    """
+    base = _frombuffer(buf)
     span = (base.data_ptr(), base.data_ptr() + base.numel())
+    data = base[header.data_offset :]
+    typed: dict[torch.dtype, torch.Tensor] = {}
     views: dict[str, SharedTensor] = {}
     for name, entry in header.tensors.items():
+        dtype = entry.dtype
         if entry.end == entry.start:
-            plain = torch.empty(entry.shape, dtype=entry.dtype)
+            plain = torch.empty(entry.shape, dtype=dtype)
         else:
-            raw = base[header.data_offset + entry.start : header.data_offset + entry.end]
-            plain = raw.view(entry.dtype).view(entry.shape)
+            whole = typed.get(dtype)
+            if whole is None:
+                size = dtype.itemsize
+                whole = typed[dtype] = data[: len(data) // size * size].view(dtype)
+            plain = whole.as_strided(entry.shape, _contiguous_strides(entry.shape),
+                                     whole.storage_offset() + entry.start // dtype.itemsize)
         views[name] = _as_shared(plain, snapshot, span)
     return views
+
+
+_frombuffer_warned = False
+
+
+def _frombuffer(buf: np.ndarray) -> torch.Tensor:
+    """``buf`` as a uint8 tensor. A read-only buffer is the point: torch's warning about it (given once per
+    process) is noise here, so the first call hides it."""
+    global _frombuffer_warned
+    if _frombuffer_warned:
+        return torch.frombuffer(memoryview(buf).cast("B"), dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+        base = torch.frombuffer(memoryview(buf).cast("B"), dtype=torch.uint8)
+    _frombuffer_warned = True
+    return base
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 @dataclass
@@ -290,10 +323,17 @@ def _clone(skeleton: _Skeleton) -> list[nn.Module]:
 
 
 def _param(view: SharedTensor) -> nn.Parameter:
-    """The Parameter over ``view`` (itself a guarded view), made once and shared by every module built on it."""
+    """The Parameter over ``view`` (itself a guarded view), made once and shared by every module built on it.
+
+    Made as ``nn.Parameter`` makes one for a tensor subclass (a detached alias marked ``_is_param``), without
+    sending its two calls through the guard's dispatch.
+    """
     param = view._param
     if param is None:
-        param = view._param = nn.Parameter(view, requires_grad=False)
+        with torch._C.DisableTorchFunctionSubclass():
+            param = _as_shared(view.detach(), view.snapshot, view._span)
+        param._is_param = True
+        view._param = param
     return param
 
 
