@@ -4,15 +4,18 @@ Cases, timed inside a worker actor (p50/p99 over --repeats, fewer for big snapsh
   hot_get / hot_module      latest version, hot in the node's store, no Snapshot of it held by this process
                             (nothing keeps one between samples): "latest" comes from what the store pushed to
                             the process, whose follower thread has mapped the pushed snapshot ahead; the get
-                            makes the views (+ the module build); store_round_trips counts the gets that asked
-                            the store
-  hot_get_version           the same for an explicit version
+                            makes the views (+ the module build); store_round_trips counts the gets of the
+                            three hot cases that asked the store
+  hot_get_version           the same for an explicit version (the three hot cases take turns, sample by
+                            sample, so that none gets a quieter machine than another)
   map_ahead                 what the follower pays per snapshot, off the read path, when a new version is
                             pushed (ray.get of the pushed ref + write protection): a new version of a third
                             policy is published per sample and the reader's follower reports its time
   cache_get / cache_module  repeated get of a version this process already holds (client cache hit)
   restore_module            snapshot evicted to the disk tier: the store restores it (read, checksum, ray.put);
-                            the hot tier holds one snapshot and two are read in turn, so every get is a restore
+                            the hot tier holds one snapshot and two are read in turn; a get that comes before
+                            the eviction's push has reached the reader is served from the pushed ref it still
+                            holds (no restore): store_restores counts the real ones
   ray_get_load_state_dict   baseline (RLlib's weight sync): ray.get of a ray.put numpy state dict, then
                             load_state_dict into an already built private module
   torch_load                baseline: torch.load(weights_only=True) of a .pt file (page cache warm), then
@@ -92,18 +95,27 @@ class Reader:
             "ray_get_borrowed_ref": harness.timed(lambda: ray.get(ref), repeats),
         }
 
-    def hot(self, policy_id: str, repeats: int, module: bool, version: int | None) -> tuple[list[float], int]:
-        """Samples, and how many gets reached the store (none, when the push is fresh)."""
+    def hot(self, policy_id: str, version: int, repeats: int) -> tuple[dict[str, list[float]], int]:
+        """Samples of the three hot cases, interleaved (one of each per round, so that every case sees the same
+        machine state), and how many of all those gets reached the store (none, when the push is fresh)."""
+        reads = {
+            "hot_get": lambda: self.store.get(policy_id),
+            "hot_get_version": lambda: self.store.get(policy_id, version),
+            "hot_module": lambda: self.store.load_module(policy_id, self.spec),
+        }
+        samples: dict[str, list[float]] = {case: [] for case in reads}
         stats = self.store.stats()
         asked = stats["hits"] + stats["misses"]
-        out = []
-        for _ in range(repeats + 1):
-            start = time.perf_counter()
-            got = self.store.load_module(policy_id, self.spec) if module else self.store.get(policy_id, version)
-            out.append(time.perf_counter() - start)
-            del got  # nothing else holds it: the next get misses the client cache again
+        for i in range(repeats + 1):
+            for case, read in reads.items():
+                start = time.perf_counter()
+                got = read()
+                elapsed = time.perf_counter() - start
+                del got  # nothing else holds it: the next get misses the client cache again
+                if i:
+                    samples[case].append(elapsed)
         stats = self.store.stats()
-        return out[1:], stats["hits"] + stats["misses"] - asked
+        return samples, stats["hits"] + stats["misses"] - asked
 
     def cached(self, policy_id: str, repeats: int, module: bool) -> list[float]:
         held = self.store.get(policy_id)
@@ -168,14 +180,12 @@ def run_size(results: harness.Results, size_mib: int, args: Any) -> None:
         store.flush()
         timings["restore_module"] = ray.get(reader.restore.remote(["a", "b"], repeats))
         timings["map_ahead"] = map_ahead(store, reader, random_weights(spec, ord("c")), repeats)
-        store_gets = {}
         latest = store.latest_version("b")
         store.get("b")  # hot again (the restore case left it on disk) ...
         if not ray.get(reader.wait_pushed.remote("b", latest)):  # ... and pushed to the reader
             log.warning("the push did not reach the reader: hot cases include round trips")
-        for case, module, version in (("hot_get", False, None), ("hot_get_version", False, latest),
-                                      ("hot_module", True, None)):
-            timings[case], store_gets[case] = ray.get(reader.hot.remote("b", args.repeats, module, version))
+        hot, hot_round_trips = ray.get(reader.hot.remote("b", latest, args.repeats))
+        timings.update(hot)
         for case, module in (("cache_get", False), ("cache_module", True)):
             timings[case] = ray.get(reader.cached.remote("b", args.repeats, module))
         stats = store.stats()
@@ -195,7 +205,7 @@ def run_size(results: harness.Results, size_mib: int, args: Any) -> None:
                     "mean_ms": p["mean"],
                     "p50_us": p["p50"] * 1e3,
                     "store_restores": stats["restores"],
-                    "store_round_trips": store_gets.get(case),
+                    "store_round_trips": hot_round_trips if case in hot else None,
                 }
             )
 

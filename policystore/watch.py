@@ -4,9 +4,10 @@ Store side, ``Feed``: numbered events (a policy's latest version changed; a snap
 its header and object ref; a snapshot stopped being hot; a snapshot was deleted) that ``StoreServer.watch`` hands
 out as a long poll. Reader side, ``Follower``: one daemon thread per process and node store that follows that
 long poll, holding the pushed refs and dropping them when the store says a snapshot is gone (so eviction frees the
-memory). Once the process reads, the follower also maps each pushed snapshot as it arrives (``ray.get`` and the
-write protection, off the read path): a get of a hot version is then only the views, with no ``ray.get`` and no
-actor call.
+memory). Once an actor process reads, its follower also maps each pushed snapshot as it arrives (``ray.get`` and
+the write protection, off the read path): a get of a hot version is then only the views, with no ``ray.get`` and
+no actor call. A driver does not map ahead: it may call ``ray.shutdown()`` at any moment, and a Ray call from
+another thread that races the shutdown ends the process.
 
 Staleness: the store stamps what it hands out with ``as_of``, its ``time.monotonic()`` before the catalog call
 whose answer it has applied: every commit made before ``as_of`` is in the feed. A reader on the same node (same
@@ -217,7 +218,10 @@ class Follower:
         self._lock = threading.Lock()
         self._latest: dict[str, int] = {}
         self._hot: dict[SnapshotId, Pushed] = {}
-        self._open_ahead = False  # set on this process's first read: processes that only publish map nothing
+        # Set on this process's first read (processes that only publish map nothing), in actors only: a driver
+        # may call ray.shutdown() at any moment, and a Ray call that races it ends the process.
+        self._open_ahead = False
+        self._may_open_ahead = ray.get_runtime_context().get_actor_id() is not None
         self._open_s: deque[float] = deque(maxlen=_KEEP_OPEN_TIMES)
         self._as_of = -math.inf
         self._epoch: str | None = None
@@ -237,8 +241,8 @@ class Follower:
         return self._hot.get(sid)
 
     def open_ahead(self) -> None:
-        """This process reads: from the next push on, map every pushed snapshot as it arrives."""
-        self._open_ahead = True
+        """This process reads: from the next push on, map every pushed snapshot as it arrives (in an actor)."""
+        self._open_ahead = self._may_open_ahead
 
     def used(self, sid: SnapshotId) -> None:
         """This process opened a pushed snapshot (no store call on the read path: the next long poll says so)."""
@@ -305,6 +309,8 @@ class Follower:
         with self._lock:
             todo = [(sid, p) for sid, p in self._hot.items() if p.buffer is None]
         for sid, pushed in todo:
+            if self._stop.is_set() or current_ray_session() != session:
+                return False
             start = time.perf_counter()
             try:
                 try:  # the store put it on this node: normally there already (timeout 0 never parks the thread)
