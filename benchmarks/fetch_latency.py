@@ -3,14 +3,11 @@
 Cases, timed inside a worker actor (p50/p99 over --repeats, fewer for big snapshots):
   hot_get / hot_module      latest version, hot in the node's store, no Snapshot of it held by this process
                             (nothing keeps one between samples): "latest" comes from what the store pushed to
-                            the process, whose follower thread has mapped the pushed snapshot ahead; the get
-                            makes the views (+ the module build); store_round_trips counts the gets of the
-                            three hot cases that asked the store
+                            the process, the snapshot from one ray.get of the ref pushed with it, then views
+                            (+ the module build); store_round_trips counts the gets of the three hot cases
+                            that asked the store
   hot_get_version           the same for an explicit version (the three hot cases take turns, sample by
                             sample, so that none gets a quieter machine than another)
-  map_ahead                 what the follower pays per snapshot, off the read path, when a new version is
-                            pushed (ray.get of the pushed ref + write protection): a new version of a third
-                            policy is published per sample and the reader's follower reports its time
   cache_get / cache_module  repeated get of a version this process already holds (client cache hit)
   restore_module            snapshot evicted to the disk tier: the store restores it (read, checksum, ray.put);
                             the hot tier holds one snapshot and two are read in turn; a get that comes before
@@ -50,7 +47,7 @@ from .nets import ARCHS, NetSpec, random_weights
 
 log = logging.getLogger("benchmarks.fetch_latency")
 CASES = (
-    "hot_get", "hot_get_version", "hot_module", "map_ahead", "cache_get", "cache_module", "restore_module",
+    "hot_get", "hot_get_version", "hot_module", "cache_get", "cache_module", "restore_module",
     "ray_get_load_state_dict", "torch_load", "noop_actor_call", "ray_get_borrowed_ref",
 )
 
@@ -74,19 +71,14 @@ class Reader:
         self.store = policystore.connect()
 
     def wait_pushed(self, policy_id: str, version: int, timeout_s: float = 60.0) -> bool:
-        """Wait until the store's push has reached this process and its follower has mapped the snapshot ahead
-        (the state every later read starts from)."""
+        """Wait until the store's push has reached this process (the state every later read starts from)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             state = self.store.push_state()
-            if state.fresh and state.latest.get(policy_id) == version and (policy_id, version) in state.opened:
+            if state.fresh and state.latest.get(policy_id) == version and (policy_id, version) in state.hot:
                 return True
             time.sleep(0.02)
         return False
-
-    def map_ahead_times(self) -> list[float]:
-        """How long this process's follower took to map each pushed snapshot (its latest few hundred)."""
-        return list(self.store.push_state().open_s)
 
     def floors(self, owner: Any, repeats: int, nbytes: int) -> dict[str, list[float]]:
         (ref,) = ray.get(owner.put.remote(nbytes))
@@ -179,7 +171,6 @@ def run_size(results: harness.Results, size_mib: int, args: Any) -> None:
             store.publish(pid, random_weights(spec, ord(pid)))
         store.flush()
         timings["restore_module"] = ray.get(reader.restore.remote(["a", "b"], repeats))
-        timings["map_ahead"] = map_ahead(store, reader, random_weights(spec, ord("c")), repeats)
         latest = store.latest_version("b")
         store.get("b")  # hot again (the restore case left it on disk) ...
         if not ray.get(reader.wait_pushed.remote("b", latest)):  # ... and pushed to the reader
@@ -208,17 +199,6 @@ def run_size(results: harness.Results, size_mib: int, args: Any) -> None:
                     "store_round_trips": hot_round_trips if case in hot else None,
                 }
             )
-
-
-def map_ahead(store: policystore.PolicyStore, reader: Any, weights: dict[str, torch.Tensor],
-              repeats: int) -> list[float]:
-    """Publish versions of policy "c", each once the reader has mapped the one before; their map times."""
-    repeats = min(repeats, 200)  # the follower keeps its latest 256
-    for _ in range(repeats):
-        store.publish("c", weights)
-        if not ray.get(reader.wait_pushed.remote("c", store.latest_version("c"))):
-            log.warning("the reader's follower did not map a pushed snapshot ahead")
-    return ray.get(reader.map_ahead_times.remote())[-repeats:]
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

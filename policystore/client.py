@@ -31,13 +31,14 @@ from .ids import SnapshotId, check_policy_id, check_version
 from .protect import follow_generation, open_shared
 from .server import StoreServer, check_durable
 from .staging import StagingFile
-from .watch import Follower, Pushed, PushState, current_ray_session
+from .watch import Follower, PushState, current_ray_session
 from .wire import CatalogEntry, HotSnapshot, SnapshotInfo, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from .format import Header
     from .snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -393,8 +394,6 @@ class PolicyStore:
         """
         check_policy_id(policy_id)
         session = self._live()
-        if self._follower is not None:
-            self._follower.open_ahead()
         if version is None:
             version = session.latest(policy_id, self._follower)
             if version is None:
@@ -407,25 +406,22 @@ class PolicyStore:
             return snap
         pushed = self._follower.hot(sid) if self._follower is not None else None
         if pushed is not None and sid not in session.deleted:
-            snap = self._open_pushed(session, sid, pushed)
+            snap = self._open_pushed(session, sid, *pushed)
             if snap is not None:
                 return snap
         return self._resolve(session, policy_id, version)
 
-    def _open_pushed(self, session: _Session, sid: SnapshotId, pushed: Pushed) -> Snapshot | None:
-        """A snapshot the push handed this process: mapped ahead by the follower, else one ``ray.get``; no call to
-        the store either way."""
+    def _open_pushed(self, session: _Session, sid: SnapshotId, ref: ray.ObjectRef, header: Header) -> Snapshot | None:
+        """A snapshot from a ref the push handed this process: one ``ray.get``, no call to the store."""
         from .snapshot import Snapshot
 
-        buffer = pushed.buffer
-        if buffer is None:
-            try:
-                buffer = open_shared(ray.get(pushed.ref))
-            except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
-                self._follower.drop(sid)
-                return None
+        try:
+            buffer = open_shared(ray.get(ref))
+        except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
+            self._follower.drop(sid)
+            return None
         self._follower.used(sid)  # told to the store with the next long poll, for its LRU order
-        return session.keep(Snapshot(sid, buffer, pushed.ref, pushed.header))
+        return session.keep(Snapshot(sid, buffer, ref, header))
 
     def _resolve(self, session: _Session, policy_id: str, version: int | None) -> Snapshot:
         """Ask the store (one round trip): it restores or fetches the snapshot first if it is not hot."""

@@ -3,11 +3,8 @@
 Store side, ``Feed``: numbered events (a policy's latest version changed; a snapshot became hot on the node, with
 its header and object ref; a snapshot stopped being hot; a snapshot was deleted) that ``StoreServer.watch`` hands
 out as a long poll. Reader side, ``Follower``: one daemon thread per process and node store that follows that
-long poll, holding the pushed refs and dropping them when the store says a snapshot is gone (so eviction frees the
-memory). Once an actor process reads, its follower also maps each pushed snapshot as it arrives (``ray.get`` and
-the write protection, off the read path): a get of a hot version is then only the views, with no ``ray.get`` and
-no actor call. A driver does not map ahead: it may call ``ray.shutdown()`` at any moment, and a Ray call from
-another thread that races the shutdown ends the process.
+long poll, holding the pushed refs (so a get of a pushed version is one ``ray.get``, no actor call) and dropping
+them when the store says a snapshot is gone (so eviction frees the memory).
 
 Staleness: the store stamps what it hands out with ``as_of``, its ``time.monotonic()`` before the catalog call
 whose answer it has applied: every commit made before ``as_of`` is in the feed. A reader on the same node (same
@@ -28,23 +25,18 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import ray
 
 from .config import NAMESPACE, StoreConfig, store_name
 from .format import Header, parse_header
 from .ids import SnapshotId
-from .protect import open_shared
 from .wire import HotSnapshot, StoreEvents
 
 log = logging.getLogger(__name__)
 
 _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
 _CHECK_S = 0.1  # how often a follower waiting on its long poll checks that it should still follow
-_OPEN_TIMEOUT_S = 10.0  # a pushed snapshot not mapped by then is left to the read path
-_KEEP_OPEN_TIMES = 256
 
 
 def current_ray_session() -> str | None:
@@ -183,17 +175,6 @@ class PushState:
     age_s: float  # now - the store's as_of of the last answer (inf before the first)
     latest: dict[str, int]
     hot: tuple[SnapshotId, ...]  # snapshots this process holds a pushed ref to
-    opened: tuple[SnapshotId, ...] = ()  # ... and has mapped ahead (a get of one costs no ray.get)
-    open_s: tuple[float, ...] = ()  # how long the latest maps ahead took, seconds each (background work)
-
-
-@dataclass
-class Pushed:
-    """A snapshot hot on the node, as pushed: its object, its parsed header, and the mapped bytes once opened."""
-
-    ref: ray.ObjectRef
-    header: Header
-    buffer: np.ndarray | None = None  # open_shared(ray.get(ref)), mapped ahead by the follower
 
 
 def _parse_pushed(snap: HotSnapshot) -> Header:
@@ -217,12 +198,7 @@ class Follower:
         self._on_deleted = on_deleted
         self._lock = threading.Lock()
         self._latest: dict[str, int] = {}
-        self._hot: dict[SnapshotId, Pushed] = {}
-        # Set on this process's first read (processes that only publish map nothing), in actors only: a driver
-        # may call ray.shutdown() at any moment, and a Ray call that races it ends the process.
-        self._open_ahead = False
-        self._may_open_ahead = ray.get_runtime_context().get_actor_id() is not None
-        self._open_s: deque[float] = deque(maxlen=_KEEP_OPEN_TIMES)
+        self._hot: dict[SnapshotId, tuple[ray.ObjectRef, Header]] = {}
         self._as_of = -math.inf
         self._epoch: str | None = None
         self._seq = 0
@@ -237,12 +213,8 @@ class Follower:
             return None
         return self._latest.get(policy_id)
 
-    def hot(self, sid: SnapshotId) -> Pushed | None:
+    def hot(self, sid: SnapshotId) -> tuple[ray.ObjectRef, Header] | None:
         return self._hot.get(sid)
-
-    def open_ahead(self) -> None:
-        """This process reads: from the next push on, map every pushed snapshot as it arrives (in an actor)."""
-        self._open_ahead = self._may_open_ahead
 
     def used(self, sid: SnapshotId) -> None:
         """This process opened a pushed snapshot (no store call on the read path: the next long poll says so)."""
@@ -264,8 +236,7 @@ class Follower:
         with self._lock:
             age = time.monotonic() - self._as_of
             return PushState(self._thread.is_alive(), age <= self._max_staleness_s, age, dict(self._latest),
-                             tuple(self._hot), tuple(sid for sid, p in self._hot.items() if p.buffer is not None),
-                             tuple(self._open_s))
+                             tuple(self._hot))
 
     def stop(self) -> None:
         """Stop following and drop every pushed ref (the thread ends after its current poll)."""
@@ -300,39 +271,10 @@ class Follower:
             failures = 0
             if not self._stop.is_set():
                 self._apply(events)
-                if self._open_ahead and not self._map_ahead(session):
-                    return
 
-    def _map_ahead(self, session: str | None) -> bool:
-        """Map the pushed snapshots not mapped yet (each is ``ray.get`` + write protection, ~0.1 to 0.5 ms);
-        False: stopped or Ray shut down meanwhile. One that fails is left to the read path, which maps it itself."""
-        with self._lock:
-            todo = [(sid, p) for sid, p in self._hot.items() if p.buffer is None]
-        for sid, pushed in todo:
-            if self._stop.is_set() or current_ray_session() != session:
-                return False
-            start = time.perf_counter()
-            try:
-                try:  # the store put it on this node: normally there already (timeout 0 never parks the thread)
-                    obj = ray.get(pushed.ref, timeout=0)
-                except ray.exceptions.GetTimeoutError:
-                    obj = self._wait(pushed.ref.future(), session, _OPEN_TIMEOUT_S)
-                    if obj is None:
-                        return False
-                buffer = open_shared(obj)
-            except Exception as exc:  # evicted and freed meanwhile, the store restarting: the read path copes
-                log.debug("policystore: not mapping %s ahead: %s", sid, exc)
-                continue
-            with self._lock:
-                if self._hot.get(sid) is pushed:  # else gone, dropped or replaced meanwhile: let the bytes go
-                    pushed.buffer = buffer
-                    self._open_s.append(time.perf_counter() - start)
-        return True
-
-    def _wait(self, future: concurrent.futures.Future, session: str | None, timeout_s: float) -> Any:
-        """A call's or object's value, waited for in Python: a thread blocked inside ``ray.get`` when
-        ``ray.shutdown()`` destroys the core worker is left waiting on freed memory (a crash later). None: stopped
-        or Ray shut down."""
+    def _wait(self, future: concurrent.futures.Future, session: str | None, timeout_s: float) -> StoreEvents | None:
+        """The long poll's answer, waited for in Python: a thread blocked inside ``ray.get`` when ``ray.shutdown()``
+        destroys the core worker is left waiting on freed memory (a crash later). None: stopped or Ray shut down."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -350,23 +292,19 @@ class Follower:
         parsed = {}
         for snap in events.hot:
             try:
-                parsed[snap.id] = Pushed(snap.refs[0], _parse_pushed(snap))
+                parsed[snap.id] = (snap.refs[0], _parse_pushed(snap))
             except Exception as exc:  # never trust a header unchecked; such a snapshot is read with a round trip
                 log.warning("policystore: ignoring pushed %s: %s", snap.id, exc)
         catalog = events.epoch.partition(":")[2]
         if events.reset and catalog:
             self._on_catalog(catalog)
         with self._lock:
-            before = dict(self._hot)
             if events.reset:
                 self._hot, self._latest = {}, {}
                 self._epoch = events.epoch
             for sid in events.gone:
                 self._hot.pop(sid, None)
-                before.pop(sid, None)
-            for sid, pushed in parsed.items():  # the same object again keeps its mapping
-                held = before.get(sid)
-                self._hot[sid] = held if held is not None and held.ref == pushed.ref else pushed
+            self._hot.update(parsed)
             for pid, version in events.latest.items():
                 if version:
                     self._latest[pid] = version

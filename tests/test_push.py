@@ -68,9 +68,6 @@ class Reader:
         self.held = snap  # keep it, as a worker playing it would
         return snap.id, round_trips(store) - before
 
-    def protected_ranges(self) -> int:
-        return policystore.protect.protected_ranges()
-
     def load_twice(self, policy_id: str) -> bool:
         store = policystore.connect()
         a, b = store.load_module(policy_id, net), store.load_module(policy_id, net)
@@ -184,29 +181,6 @@ def test_eviction_is_pushed_and_readers_let_go_of_the_memory(make_store, reader)
     wait_for(lambda: ("a", 1) not in store.push_state().hot, "a's eviction pushed to this process")
     wait_for(lambda: object_store_used() < 3 * MiB, "a's memory freed once no process holds it")
     assert ray.get(reader.get.remote("a"))[0] == ("a", 1)  # and it comes back from disk on demand
-
-
-def test_a_reading_actor_maps_pushed_snapshots_ahead_and_lets_go_of_them_when_they_go(make_store):
-    store = make_store(hot_capacity_bytes=int(5.5 * MiB), max_staleness_s=2.0)
-    fresh = Reader.remote()  # has not read yet
-    store.publish("a", weights_of_mib(1))
-    wait_for(lambda: pushed(fresh, "a", 1), "a pushed")
-    time.sleep(0.5)  # a few long polls: a process that has not read maps nothing
-    assert ray.get(fresh.push_state.remote()).opened == ()
-    assert ray.get(fresh.get.remote("a")) == (("a", 1), 0)  # its first read turns mapping ahead on
-    ranges = ray.get(fresh.protected_ranges.remote())
-    store.publish("b", weights_of_mib(1, seed=1))
-    wait_for(lambda: ("b", 1) in ray.get(fresh.push_state.remote()).opened, "b mapped ahead by the reader")
-    assert ray.get(fresh.protected_ranges.remote()) == ranges + 1  # mapped and write-protected, not yet read
-    assert ray.get(fresh.get.remote("b")) == (("b", 1), 0)
-    assert store.get("b")["w"].equal(weights_of_mib(1, seed=1)["w"])
-    store.publish("c", weights_of_mib(5, seed=2))  # over capacity: a and b are evicted
-    wait_for(lambda: not {("a", 1), ("b", 1)} & set(ray.get(fresh.push_state.remote()).hot), "evictions pushed")
-    wait_for(lambda: ("c", 1) in ray.get(fresh.push_state.remote()).opened, "c mapped ahead")
-    assert ray.get(fresh.push_state.remote()).opened == (("c", 1),)
-    assert ray.get(fresh.protected_ranges.remote()) == ranges + 1  # a let go; b still held by the reader; c
-    assert store.push_state().opened == ()  # a driver reads without mapping ahead (it may shut Ray down any time)
-    ray.kill(fresh)
 
 
 def test_clear_cache_drops_this_process_snapshots(make_store):
