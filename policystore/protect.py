@@ -124,15 +124,11 @@ def _page_range(buf: np.ndarray, pad_a: np.ndarray, pad_b: np.ndarray) -> tuple[
     start = _address(buf)
     end = start + buf.nbytes
     lo, hi = start - start % PAGE, -(-end // PAGE) * PAGE
-    inside = (
-        isinstance(pad_a, np.ndarray) and isinstance(pad_b, np.ndarray)
-        and pad_a.nbytes == PAD_BYTES and pad_b.nbytes == PAD_BYTES
-    )
-    if inside:
-        a, b = _address(pad_a), _address(pad_b)
-        inside = a <= lo and a + PAD_BYTES <= start and end <= b and hi <= b + PAD_BYTES
-        inside = inside and b - a < buf.nbytes + 3 * PAD_BYTES  # one object, not three
-    if inside:
+    pads = (isinstance(pad_a, np.ndarray) and isinstance(pad_b, np.ndarray)
+            and pad_a.nbytes == PAD_BYTES and pad_b.nbytes == PAD_BYTES)
+    a, b = (_address(pad_a), _address(pad_b)) if pads else (0, 0)
+    if (pads and a <= lo and a + PAD_BYTES <= start and end <= b and hi <= b + PAD_BYTES
+            and b - a < buf.nbytes + 3 * PAD_BYTES):  # one object, not three
         return lo, hi
     log.warning(
         "snapshot buffer at %#x is not laid out between its pads; only the pages wholly inside it are write-protected",
