@@ -135,15 +135,18 @@ class _Session:
         """The catalog's epoch, as pushed: a different one (a new database) numbers versions anew."""
         if epoch != self.catalog_epoch:
             if self.catalog_epoch:
-                self.renumbered()
-            self.catalog_epoch = epoch
+                self.renumbered(epoch)
+            else:
+                self.catalog_epoch = epoch
 
-    def renumbered(self) -> None:
-        """The cluster's catalog was replaced: versions name new snapshots; forget every one this process knew."""
+    def renumbered(self, epoch: str) -> None:
+        """The cluster's catalog was replaced (by one of ``epoch``; "": not known yet): versions name new snapshots,
+        so forget every one this process knew."""
         with self.lock:
             self.snapshots.clear()
             self.seen.clear()
             self.deleted.clear()
+            self.catalog_epoch = epoch
 
     def drop(self, sid: SnapshotId) -> None:
         """A damaged copy: re-fetch on the next get."""
@@ -354,7 +357,7 @@ class PolicyStore:
             self._check_size(policy_id, len(buf))
             sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
         if sid.version <= session.seen.get(policy_id, 0):  # versions never repeat within one catalog
-            session.renumbered()
+            session.renumbered(epoch="")
         session.saw(sid)
         return sid
 
@@ -560,6 +563,7 @@ def shutdown_all() -> None:
     for node in ray.nodes():
         shutdown(node["NodeID"])
     _kill_named(CATALOG_NAME)
+    _current_session().renumbered(epoch="")  # the next catalog's first push must not wipe what is got from it
 
 
 def _kill_named(name: str) -> bool:

@@ -175,6 +175,7 @@ class PushState:
     age_s: float  # now - the store's as_of of the last answer (inf before the first)
     latest: dict[str, int]
     hot: tuple[SnapshotId, ...]  # snapshots this process holds a pushed ref to
+    catalog_epoch: str = ""  # the catalog database the pushed versions belong to ("" until the store knows it)
 
 
 def _parse_pushed(snap: HotSnapshot) -> Header:
@@ -236,7 +237,7 @@ class Follower:
         with self._lock:
             age = time.monotonic() - self._as_of
             return PushState(self._thread.is_alive(), age <= self._max_staleness_s, age, dict(self._latest),
-                             tuple(self._hot))
+                             tuple(self._hot), (self._epoch or "").partition(":")[2])
 
     def stop(self) -> None:
         """Stop following and drop every pushed ref (the thread ends after its current poll)."""

@@ -184,10 +184,12 @@ def test_eviction_is_pushed_and_readers_let_go_of_the_memory(make_store, reader)
 
 
 def test_clear_cache_drops_this_process_snapshots(make_store):
-    store = make_store()
+    store = make_store()  # a new catalog (the previous test's was stopped): its epoch is pushed to this process
     store.publish("p", net().state_dict())
     first = store.get("p")
-    assert store.get("p") is first
+    catalog = ray.get(ray.get_actor(CATALOG_NAME, namespace=NAMESPACE).health.remote()).epoch
+    wait_for(lambda: store.push_state().catalog_epoch == catalog, "the new catalog's epoch pushed to this process")
+    assert store.get("p") is first  # what this process got from the new catalog is not forgotten as 'renumbered'
     policystore.clear_cache()
     again = store.get("p")
     assert again is not first and again.id == first.id
