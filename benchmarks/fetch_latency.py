@@ -10,9 +10,9 @@ Cases, timed inside a worker actor (p50/p99 over --repeats, fewer for big snapsh
                             sample, so that none gets a quieter machine than another)
   cache_get / cache_module  repeated get of a version this process already holds (client cache hit)
   restore_module            snapshot evicted to the disk tier: the store restores it (read, checksum, ray.put);
-                            the hot tier holds one snapshot and two are read in turn; a get that comes before
-                            the eviction's push has reached the reader is served from the pushed ref it still
-                            holds (no restore): store_restores counts the real ones
+                            the hot tier holds one snapshot and two are read in turn, and each sample waits
+                            (untimed) for the previous eviction's push, so that every get is a restore
+                            (store_restores counts them)
   ray_get_load_state_dict   baseline (RLlib's weight sync): ray.get of a ray.put numpy state dict, then
                             load_state_dict into an already built private module
   torch_load                baseline: torch.load(weights_only=True) of a .pt file (page cache warm), then
@@ -120,12 +120,14 @@ class Reader:
         """Alternate between snapshots that cannot be hot together: every get restores from disk."""
         out = []
         for i in range(repeats + 1):
+            if i:  # the first get may find it hot; every later one must restore
+                harness.wait_not_pushed(self.store, policy_ids[i % len(policy_ids)])
             start = time.perf_counter()
             module = self.store.load_module(policy_ids[i % len(policy_ids)], self.spec)
             elapsed = time.perf_counter() - start
             del module
             gc.collect()
-            if i:  # the first get may find it hot
+            if i:
                 out.append(elapsed)
         return out
 

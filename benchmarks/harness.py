@@ -293,3 +293,14 @@ def collect_garbage(settle_s: float) -> None:
     global_gc()
     gc.collect()
     time.sleep(settle_s)
+
+
+def wait_not_pushed(store: Any, policy_id: str, timeout_s: float = 60.0) -> None:
+    """Wait until no pushed ref to ``policy_id`` is left in this process (its eviction's push has arrived), so
+    that the next ``store.get`` of it is a real restore, not a read of the ref the process still held."""
+    deadline = time.monotonic() + timeout_s
+    while any(sid.policy_id == policy_id for sid in store.push_state().hot):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{policy_id!r} is still hot after {timeout_s} s: the hot tier holds more than one "
+                               "of the snapshots read in turn, so the restore case would measure no restore")
+        time.sleep(0.005)

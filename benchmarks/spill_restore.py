@@ -9,11 +9,13 @@ and whether the store chose to keep the file compressed (it stores raw when lz4 
 restore rows (per size, kind random or pruned, lz4 off/on, page cache cold/warm):
   restore_gbps   snapshot bytes / time for a worker's store.get() of an evicted snapshot (actor round trip,
                  file read, lz4, checksum, ray.put, ray.get, header parse); the hot tier holds one snapshot and
-                 two are read in turn, so every get is a restore
+                 two are read in turn, and each sample first waits (untimed) for the previous eviction's push to
+                 reach the worker, so every get is a restore (store_restores counts them)
   tier_gbps      snapshot bytes / time of what the store does per restore, in this process:
                  DiskTier.restore(..., put=ray.put) (read, lz4, checksums, the copy into the object store)
   raw_read_gbps  file bytes / time to read the same file into a preallocated buffer
   ratio          restore_gbps / raw_read_gbps (target >= 0.8); tier_ratio: the same for tier_gbps
+The three take turns sample by sample (store.get, raw read, tier restore), so none gets a quieter machine.
 Cold reads drop the file from the page cache first (posix_fadvise DONTNEED; no root needed).
 --quick runs lz4 on only (random weights are still stored raw: they do not compress).
 """
@@ -80,18 +82,18 @@ class Reader:
     def __init__(self) -> None:
         self.store = policystore.connect()
 
-    def restore(self, policy_ids: list[str], paths: list[str], repeats: int, cold: bool) -> list[float]:
-        out = []
-        for i in range(repeats + 1):
-            if cold:
-                drop_page_cache(Path(paths[i % len(paths)]))
-            start = time.perf_counter()
-            snap = self.store.get(policy_ids[i % len(policy_ids)])
-            elapsed = time.perf_counter() - start
-            del snap
-            if i:  # the first get may find it hot
-                out.append(elapsed)
-        return out
+    def restore(self, policy_id: str, path: str, cold: bool, evicted: bool) -> float:
+        """Seconds for one ``store.get`` of ``policy_id``; ``evicted``: first wait (untimed) until its eviction's
+        push has reached this process, so that the get is a real restore."""
+        if evicted:
+            harness.wait_not_pushed(self.store, policy_id)
+        if cold:
+            drop_page_cache(Path(path))
+        start = time.perf_counter()
+        snap = self.store.get(policy_id)
+        elapsed = time.perf_counter() - start
+        del snap
+        return elapsed
 
 
 def ratio_rows(results: harness.Results, args: Any) -> None:
@@ -128,20 +130,25 @@ def restore_rows(results: harness.Results, size_mib: int, compress: bool, args: 
                                infos[p].file_bytes) for p in ids]
             for cache in ("cold", "warm"):
                 cold = cache == "cold"
-                restore_s = ray.get(reader.restore.remote(ids, [str(f.path) for f in files], repeats, cold))
-                raw_s, tier_s = [], []
-                for i in range(repeats):
-                    file = files[i % 2]
+                before = store.stats().restores
+                restore_s, raw_s, tier_s = [], [], []
+                for i in range(repeats + 1):  # the three take turns, so that each sees the same machine state
+                    file, info = files[i % 2], infos[ids[i % 2]]
+                    # the first get may find its snapshot hot; every later one restores it (the other's evicted it)
+                    restored = ray.get(reader.restore.remote(ids[i % 2], str(file.path), cold, evicted=i > 0))
                     if cold:
                         drop_page_cache(file.path)
-                    raw_s.append(raw_read(file.path))
+                    raw = raw_read(file.path)
                     if cold:
                         drop_page_cache(file.path)
-                    info = infos[ids[i % 2]]
                     start = time.perf_counter()
                     ref = tier.restore(file, str(info.id), expect=Expected(*info.id, info.checksum), put=ray.put)
                     tier_s.append(time.perf_counter() - start)
                     del ref
+                    restore_s.append(restored)
+                    raw_s.append(raw)
+                restore_s, raw_s, tier_s = restore_s[1:], raw_s[1:], tier_s[1:]
+                restores = store.stats().restores - before  # repeats, +1 if the first get restored too
                 restore = harness.percentiles(restore_s, 1.0)["p50"]
                 raw = harness.percentiles(raw_s, 1.0)["p50"]
                 tier_read = harness.percentiles(tier_s, 1.0)["p50"]
@@ -149,7 +156,7 @@ def restore_rows(results: harness.Results, size_mib: int, compress: bool, args: 
                 results.emit({
                     "row": "restore", "kind": kind, "snapshot_mib": size_mib, "snapshot_bytes": nbytes,
                     "lz4": compress, "stored_compressed": files[0].compressed, "file_bytes": file_bytes,
-                    "cache": cache, "samples": repeats,
+                    "cache": cache, "samples": repeats, "store_restores": restores,
                     "restore_p50_ms": restore * 1e3, "restore_gbps": nbytes / restore / 1e9,
                     "tier_read_p50_ms": tier_read * 1e3, "tier_gbps": nbytes / tier_read / 1e9,
                     "raw_read_p50_ms": raw * 1e3, "raw_read_gbps": file_bytes / raw / 1e9,
