@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
+from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .catalog import CatalogServer
@@ -246,8 +247,9 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
         num_cpus=0,
         max_concurrency=8,
         max_restarts=-1,
-        # Beside the driver that started it (the head node, usually), but free to move if that node goes.
-        scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+        # On the head node, with the GCS, whoever starts it and wherever it restarts: on a worker node, that node's
+        # loss would stall every publish and "latest" lookup until the GCS declares the node dead (~15-30 s).
+        resources={HEAD_NODE_RESOURCE_NAME: 0.001},
     ).remote(config.catalog_db(session), config, config.catalog_journal(session), seed=_durable_seed(config))
 
 

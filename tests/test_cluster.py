@@ -100,6 +100,11 @@ def node_ids(c: Cluster) -> list[str]:
     return [c.head_node.node_id] + [n.node_id for n in c.worker_nodes]
 
 
+def catalog_node() -> str:
+    catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+    return ray.get(catalog.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+
+
 def test_every_node_gets_its_own_store_including_late_joiners(cluster):
     c, config, stores = cluster
     assert set(stores) == set(node_ids(c))
@@ -215,9 +220,20 @@ def test_sigkilled_catalog_restarts_with_every_version_and_watchers_carry_on(clu
             assert time.monotonic() < deadline
             time.sleep(0.2)
     assert entry.version == published[-1] and ray.get(catalog.health.remote()).problems == ()
+    assert catalog_node() == c.head_node.node_id  # restarted on the head node again
     after = ray.get(catalog.watch.remote(before.seq, 0, before.epoch))
     assert after.epoch == before.epoch and not after.reset  # the same database: the event log goes on
     assert ray.get(on(b).publish.remote("ledger", 4, mib=0.1)) == published[-1] + 1  # no version handed out twice
     events = ray.get(catalog.watch.remote(before.seq, 30.0, before.epoch))
     assert [e.version for e in events.committed] == [published[-1] + 1]
     assert ray.get(on(b).get.remote("ledger")) == (4, 4.0, 4.0)
+
+
+def test_the_catalog_runs_on_the_head_node_whoever_starts_it(cluster):
+    """A catalog on a worker node would stall every publish and "latest" lookup when that node goes, until the GCS
+    declares it dead. (Last in this module: it stops every store and the catalog.)"""
+    c, _, _ = cluster
+    _, b, _ = node_ids(c)
+    policystore.client.shutdown_all()  # files stay; the next connect starts the catalog again
+    assert ray.get(on(b).node_and_store.remote()) == (b, b)  # a worker on node b is the first to connect
+    assert catalog_node() == c.head_node.node_id
