@@ -120,10 +120,11 @@ class Reader:
         """Alternate between snapshots that cannot be hot together: every get restores from disk."""
         out = []
         for i in range(repeats + 1):
+            policy_id = policy_ids[i % len(policy_ids)]
             if i:  # the first get may find it hot; every later one must restore
-                harness.wait_not_pushed(self.store, policy_ids[i % len(policy_ids)])
+                harness.wait_not_pushed(self.store, policy_id)
             start = time.perf_counter()
-            module = self.store.load_module(policy_ids[i % len(policy_ids)], self.spec)
+            module = self.store.load_module(policy_id, self.spec)
             elapsed = time.perf_counter() - start
             del module
             gc.collect()

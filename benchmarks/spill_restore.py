@@ -135,18 +135,16 @@ def restore_rows(results: harness.Results, size_mib: int, compress: bool, args: 
                 for i in range(repeats + 1):  # the three take turns, so that each sees the same machine state
                     file, info = files[i % 2], infos[ids[i % 2]]
                     # the first get may find its snapshot hot; every later one restores it (the other's evicted it)
-                    restored = ray.get(reader.restore.remote(ids[i % 2], str(file.path), cold, evicted=i > 0))
+                    restore_s.append(ray.get(reader.restore.remote(ids[i % 2], str(file.path), cold, evicted=i > 0)))
                     if cold:
                         drop_page_cache(file.path)
-                    raw = raw_read(file.path)
+                    raw_s.append(raw_read(file.path))
                     if cold:
                         drop_page_cache(file.path)
                     start = time.perf_counter()
                     ref = tier.restore(file, str(info.id), expect=Expected(*info.id, info.checksum), put=ray.put)
                     tier_s.append(time.perf_counter() - start)
                     del ref
-                    restore_s.append(restored)
-                    raw_s.append(raw)
                 restore_s, raw_s, tier_s = restore_s[1:], raw_s[1:], tier_s[1:]
                 restores = store.stats().restores - before  # repeats, +1 if the first get restored too
                 restore = harness.percentiles(restore_s, 1.0)["p50"]
