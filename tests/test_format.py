@@ -169,6 +169,25 @@ def test_pack_writes_into_the_memory_alloc_supplies():
         fmt.pack(weights, policy_id="p", alloc=lambda n: np.empty(n + 1, np.uint8))
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["checksum-at-once", "checksum-thread"])
+def test_pack_copies_in_blocks_and_the_recorded_checksum_is_the_whole_buffers(monkeypatch, overlap):
+    # small blocks, so that tensors span several and end mid-block; the thread path is taken for any size
+    monkeypatch.setattr(fmt, "_BLOCK", 4096)
+    monkeypatch.setattr(fmt, "_OVERLAP_BYTES", 0 if overlap else 1 << 62)
+    weights = {
+        "big": torch.randn(10_001),
+        "strided": np.arange(4000, dtype=np.float32).reshape(40, 100)[:, ::3],
+        "empty": torch.empty(0),
+        "strided_tensor": torch.arange(10_000.0)[::2],
+        "bytes": np.ones(9_999, np.uint8),
+    }
+    buf = fmt.pack(weights, policy_id="p", meta={"k": 1})
+    views = tensor_views(buf, fmt.verify_buffer(buf, name="p"), "p")  # recomputes the checksum in one pass
+    for name, value in weights.items():
+        expected = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+        assert torch.equal(views[name], expected), name
+
+
 def test_format_imports_and_parses_without_torch():
     """The store and catalog actors hold bytes and names only: format.py must not need torch."""
     code = textwrap.dedent(f"""
