@@ -7,6 +7,7 @@ holds the object store, the store actors and every worker included) counts it ex
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import time
@@ -16,6 +17,22 @@ import psutil
 import ray
 
 MiB = 1024 * 1024  # the one definition: the trainer, workers, benchmarks and tests take it from here
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def return_big_frees_to_the_os(threshold_bytes: int = MiB) -> bool:
+    """Have glibc's malloc give every freed buffer of ``threshold_bytes`` or more back to the OS at once, in this
+    process. Returns False where malloc is not glibc's (then nothing changes).
+
+    For long-lived processes that handle big transient buffers (the store actor: lz4 attempts on its spill
+    thread). By default glibc raises its mmap threshold to the size of the first big buffer freed, after which
+    buffers of that size come from a thread's heap and stay resident once freed.
+    """
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
 
 
 def _session_dir() -> str | None:

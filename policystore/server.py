@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import ray
 
+from . import memory
 from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
 from .errors import (
     CorruptSnapshotError,
@@ -121,6 +122,7 @@ class StoreServer:
     """Run as a Ray actor (see ``client.connect``); every public method is a remote call."""
 
     def __init__(self, config: StoreConfig, node_id: str):
+        memory.return_big_frees_to_the_os()  # a store lives long and copies big buffers on many threads
         self.config = config
         self.node_id = node_id
         session = ray.get_runtime_context().get_session_name()

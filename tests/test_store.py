@@ -181,6 +181,30 @@ def test_workers_on_a_node_share_one_copy(make_store, readers):
     assert private > 2.5 * one_copy, f"private copies added only {private / one_copy:.2f} copies: method broken?"
 
 
+def test_the_store_process_gives_big_freed_buffers_back_to_the_os(make_store):
+    """Without it glibc raises its mmap threshold at the first big free, and the store's later transient buffers
+    (lz4 attempts on each spill) stay resident in a thread's heap once freed."""
+    make_store()
+
+    def mmapped_after_a_bigger_free(server) -> bool:
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                             "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        bigger = ctypes.create_string_buffer(16 * MiB)
+        del bigger  # by default this raises the threshold past 16 MiB
+        before = libc.mallinfo2().hblkhd
+        buffer = ctypes.create_string_buffer(4 * MiB)
+        mmapped = libc.mallinfo2().hblkhd - before >= 4 * MiB  # its own mapping: unmapped when freed
+        del buffer
+        return mmapped
+
+    assert ray.get(store_actor().__ray_call__.remote(mmapped_after_a_bigger_free))
+    assert not mmapped_after_a_bigger_free(None)  # glibc's default, in this (pytest) process
+
+
 def test_write_guard_through_the_store(make_store):
     store = make_store()
     store.publish("main_0", net().state_dict())
