@@ -15,7 +15,9 @@ Memory method: PSS summed over every process of the Ray session (driver, GCS, ra
 store and catalog actors, learner, workers, idle pool workers; policystore.memory), after store.flush(), gc.collect() in
 every process and --settle-s seconds. attributable = PSS(K loaded) - PSS(idle); copies_per_node =
 attributable / (K x snapshot bytes). Rows also carry the PSS split (anon = private heaps, shmem = object-store
-pages), Ray's count of object-store bytes in use and the machine's used-memory delta (noisy when other jobs run).
+pages), the private heaps' growth by process (anon_delta_<role>_mib: store_actors = the node's store and the
+catalog, learner, workers, driver, ray = Ray's own processes), Ray's count of object-store bytes in use and the
+machine's used-memory delta (noisy when other jobs run).
 
 Private points whose copies alone (workers x snapshots x size) exceed --private-budget-gib are skipped and
 listed as skipped (the full grid's private corner, 32 x 128 x 16 MiB, would need 64 GiB). The full grid takes
@@ -43,6 +45,7 @@ from .nets import ARCHS, NetSpec
 
 log = logging.getLogger("benchmarks.memory_scaling")
 MODES = ("private", "store")
+ROLES = ("store_actors", "learner", "workers", "driver")  # processes whose private memory rows split out
 WORKER_BASE_BYTES = 200 * MiB  # PSS of a worker with torch imported (measured ~185 MiB), for the free-memory check
 
 
@@ -101,26 +104,33 @@ def policy_id(k: int) -> str:
     return f"opponent_{k:04d}"
 
 
-def measure(store: policystore.PolicyStore, settle_s: float) -> dict[str, int]:
+def measure(store: policystore.PolicyStore, settle_s: float, roles: dict[int, str]) -> dict[str, Any]:
     store.flush()
     harness.collect_garbage(settle_s)
     procs = memory.session_processes()
+    split = {"anon": 0, "shmem": 0, "file": 0}
+    anon_by_role = dict.fromkeys((*ROLES, "ray"), 0)
+    for proc in procs:  # every other process of the session (raylet, GCS, idle workers...) is Ray's own
+        parts = harness.pss_breakdown_bytes([proc])
+        split = {key: split[key] + parts[key] for key in split}
+        anon_by_role[roles.get(proc.pid, "ray")] += parts["anon"]
     return {
         "pss": memory.pss_bytes(procs),
-        **harness.pss_breakdown_bytes(procs),
+        **split,
+        "anon_by_role": anon_by_role,
         "object_store_used": harness.object_store_used_bytes(),
         "system_used": memory.system_used_bytes(),
         "processes": len(procs),
     }
 
 
-def store_actors_pss_bytes(store: policystore.PolicyStore) -> int:
-    """PSS of the node's store actor plus the catalog actor: the store's own fixed cost on the node."""
-    total = 0
-    for name in (store_name(store.node_id), CATALOG_NAME):
-        actor = ray.get_actor(name, namespace=NAMESPACE)
-        total += memory.pss_bytes([psutil.Process(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())))])
-    return total
+def actor_pid(actor: Any) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def store_actors(store: policystore.PolicyStore) -> list[Any]:
+    """The node's store actor and the catalog actor: the store's own fixed cost on the node."""
+    return [ray.get_actor(name, namespace=NAMESPACE) for name in (store_name(store.node_id), CATALOG_NAME)]
 
 
 def run_session(
@@ -136,16 +146,21 @@ def run_session(
         learner = ray.remote(Learner).options(**opts).remote(spec)
         pool = [ray.remote(Worker).options(**opts).remote(mode, spec) for _ in range(workers)]
         ray.get([a.__ray_ready__.remote() for a in (learner, *pool)])
-        idle = measure(store, args.settle_s)
-        actors_idle = store_actors_pss_bytes(store)
+        roles = {os.getpid(): "driver", actor_pid(learner): "learner"}
+        roles.update({actor_pid(actor): "store_actors" for actor in store_actors(store)})
+        roles.update({actor_pid(worker): "workers" for worker in pool})
+        idle = measure(store, args.settle_s, roles)
+        actors_idle = memory.pss_bytes([psutil.Process(pid) for pid, role in roles.items() if role == "store_actors"])
         loaded = 0
         for k in ks:
             new_ids = ray.get(learner.publish.remote(loaded, k))
             load_s = max(ray.get([w.load.remote(new_ids) for w in pool]))
             forward_s = max(ray.get([w.forward_all.remote() for w in pool]))
             loaded = k
-            now = measure(store, args.settle_s)
+            now = measure(store, args.settle_s, roles)
             attributable = now["pss"] - idle["pss"]
+            anon_by_role = {f"anon_delta_{role}_mib": (now["anon_by_role"][role] - b) / MiB
+                            for role, b in idle["anon_by_role"].items()}
             results.emit(
                 {
                     "mode": mode,
@@ -158,6 +173,7 @@ def run_session(
                     "attributable_mib": attributable / MiB,
                     "copies_per_node": attributable / (k * nbytes),
                     "anon_delta_mib": (now["anon"] - idle["anon"]) / MiB,
+                    **anon_by_role,
                     "shmem_delta_mib": (now["shmem"] - idle["shmem"]) / MiB,
                     "object_store_used_mib": now["object_store_used"] / MiB,
                     "system_used_delta_mib": (now["system_used"] - idle["system_used"]) / MiB,
@@ -262,7 +278,8 @@ def main(argv: list[str] | None = None) -> None:
             bar.advance(task)
     results.finish(
         ["mode", "workers", "snapshots", "snapshot_mib", "attributable_mib", "copies_per_node", "anon_delta_mib",
-         "shmem_delta_mib", "object_store_used_mib", "system_used_delta_mib", "loadavg_1m"],
+         *(f"anon_delta_{role}_mib" for role in (*ROLES, "ray")), "shmem_delta_mib", "object_store_used_mib",
+         "system_used_delta_mib", "loadavg_1m"],
         plot,
         notes=[pivot(results.rows, results.skipped),
                "attributable = session PSS with K snapshots loaded minus the same session idle; "

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # benchmark -> keys every row must carry (numbers, finite)
 EXPECTED = {
     "memory_scaling": ["workers", "snapshots", "snapshot_mib", "attributable_mib", "copies_per_node",
-                       "object_store_used_mib", "system_used_delta_mib", "loadavg_1m"],
+                       "object_store_used_mib", "system_used_delta_mib", "loadavg_1m", "anon_delta_mib",
+                       *(f"anon_delta_{role}_mib" for role in ("store_actors", "learner", "workers", "driver", "ray"))],
     "fetch_latency": ["snapshot_mib", "samples", "p50_ms", "p99_ms", "loadavg_1m"],
     "spill_restore": ["snapshot_mib", "loadavg_1m"],  # plus the keys of its row type, below
     "publish": ["snapshot_mib", "memcpy_ms", "publish_ms", "durable_ms", "publish_x_memcpy"],
@@ -83,6 +84,8 @@ def test_quick_run_writes_results(name, tmp_path):
         }
         for r in rows:
             assert r["object_store_used_mib"] >= 0.99 * r["snapshots"] * r["snapshot_bytes"] / 2**20
+            by_role = [v for k, v in r.items() if k.startswith("anon_delta_") and k != "anon_delta_mib"]
+            assert sum(by_role) == pytest.approx(r["anon_delta_mib"], abs=1e-6)  # every process has one role
     if name == "spill_restore":  # pruned weights compress, random ones are stored raw
         ratio = {r["kind"]: r for r in rows if r["row"] == "ratio"}
         assert ratio["pruned"]["lz4_ratio"] < 0.6 and ratio["pruned"]["stored_compressed"]
