@@ -12,6 +12,11 @@ Timed inside a learner actor, per snapshot size (p50/p99 over --repeats, fewer f
   noop_call_ms      floor: ray.get of an actor call that does nothing (a publish makes two: store, catalog)
 Between samples (untimed) the learner waits for background spills and deletes the version it published, so
 every sample starts from the same state.
+
+--streaming-copies starts the learner process with GLIBC_TUNABLES set so that glibc's memcpy bypasses the cache
+for every copy of 1 MiB or more (by default only above a size derived from the last-level cache: on a machine that
+reports a huge L3, pack's tensor-by-tensor copies stay cached while the yardstick's single copy streams). The
+yardstick runs in the same process, with the same setting.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from . import harness
 from .fetch_latency import Owner
 from .harness import MiB
 from .nets import ARCHS, NetSpec, random_weights
+
+STREAMING_COPIES = "GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=0x100000"
 
 
 def memcpy_times(nbytes: int, repeats: int) -> list[float]:
@@ -96,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arch", choices=ARCHS, default="mlp", help="policy network shape (%(default)s)")
     parser.add_argument("--repeats", type=int, default=30, help="samples per case for small snapshots")
     parser.add_argument("--bytes-per-case-gib", type=float, default=6.0, help="cap samples by data moved")
+    parser.add_argument("--streaming-copies", action="store_true",
+                        help=f"start the learner with {STREAMING_COPIES} (see above)")
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes_mib, args.repeats = [1], 5
@@ -105,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     with harness.ray_session(4 * biggest + 256 * MiB) as spill_dir, harness.progress() as bar:
         policystore.connect(policystore.StoreConfig(hot_capacity_bytes=2 * biggest + 16 * MiB,
                                                     spill_dir=str(spill_dir)))
-        learner = ray.remote(Learner).options(num_cpus=0.1).remote()
+        env = {"env_vars": dict([STREAMING_COPIES.split("=", 1)])} if args.streaming_copies else None
+        learner = ray.remote(Learner).options(num_cpus=0.1, runtime_env=env).remote()
         task = bar.add_task("publish", total=len(args.sizes_mib))
         for size in args.sizes_mib:
             bar.update(task, description=f"{size} MiB")
@@ -115,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
             p = {case: harness.percentiles(samples) for case, samples in timings.items()}
             results.emit({
                 "arch": args.arch, "snapshot_mib": size, "snapshot_bytes": spec.nbytes, "samples": repeats,
+                "streaming_copies": args.streaming_copies,
                 **{f"{case}_ms": p[case]["p50"] for case in timings},
                 **{f"{case}_p99_ms": p[case]["p99"] for case in timings},
                 "memcpy_gbps": spec.nbytes / p["memcpy"]["p50"] / 1e6,
