@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -128,9 +129,12 @@ class SharedTensor(torch.Tensor):
     Use ``.clone()`` for a private, writable copy.
     """
 
-    snapshot: str = "?"
-    _span: tuple[int, int] = (0, 0)  # address range of the snapshot buffer, to spot results that alias it
-    _param: nn.Parameter | None = None  # this view as a module parameter, made on first use
+    # Slots, not instance attributes: a view is made per tensor per snapshot a process opens, and an instance
+    # __dict__ would cost each one a few hundred bytes of private memory.
+    __slots__ = ("snapshot", "_span", "_param")
+    snapshot: str  # the snapshot's id, for error messages
+    _span: tuple[int, int]  # address range of the snapshot buffer, to spot results that alias it
+    _param: SharedParameter | None  # this view as a module parameter, made on first use
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -148,6 +152,16 @@ class SharedTensor(torch.Tensor):
             if source is None:
                 source = next((s for s in map(_any_shared, (*args, *kwargs.values())) if s is not None), None)
             return result if source is None else _guard_aliases(result, source)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        """A private, writable copy, so that ``copy.deepcopy`` of a module built on views gives a module of its
+        own (the usual way to start training from a frozen snapshot); parameters stay parameters."""
+        with torch._C.DisableTorchFunctionSubclass():
+            copy = self.clone()
+        if isinstance(self, SharedParameter):
+            copy = nn.Parameter(copy, requires_grad=self.requires_grad)
+        memo[id(self)] = copy
+        return copy
 
 
 def _guard_aliases(result: Any, source: SharedTensor) -> Any:
@@ -167,10 +181,19 @@ def _guard_aliases(result: Any, source: SharedTensor) -> Any:
     return result
 
 
-def _as_shared(tensor: torch.Tensor, snapshot: str, span: tuple[int, int]) -> SharedTensor:
-    shared = tensor.as_subclass(SharedTensor)
+class SharedParameter(SharedTensor):
+    """A shared view as a module parameter: ``isinstance(p, nn.Parameter)`` holds (torch checks ``_is_param``),
+    without an instance attribute, so a Parameter costs a process no more than the view under it."""
+
+    __slots__ = ()
+    _is_param = True
+
+
+def _as_shared(tensor: torch.Tensor, snapshot: str, span: tuple[int, int], cls: type = SharedTensor) -> SharedTensor:
+    shared = tensor.as_subclass(cls)
     shared.snapshot = snapshot
     shared._span = span
+    shared._param = None
     return shared
 
 
@@ -322,18 +345,17 @@ def _clone(skeleton: _Skeleton) -> list[nn.Module]:
     return clones
 
 
-def _param(view: SharedTensor) -> nn.Parameter:
+def _param(view: SharedTensor) -> SharedParameter:
     """The Parameter over ``view`` (itself a guarded view), made once and shared by every module built on it.
 
-    Made as ``nn.Parameter`` makes one for a tensor subclass (a detached alias marked ``_is_param``), without
-    sending its two calls through the guard's dispatch.
+    An alias of the view (which has no autograd history to detach from) whose class marks it a Parameter; a
+    separate object, so that what torch does to a module's parameters (``requires_grad_``) leaves the views that
+    ``get`` hands out alone.
     """
     param = view._param
     if param is None:
-        with torch._C.DisableTorchFunctionSubclass():
-            param = _as_shared(view.detach(), view.snapshot, view._span)
-        param._is_param = True
-        view._param = param
+        with torch._C.DisableTorchFunctionSubclass():  # as_subclass would go through the guard's dispatch
+            param = view._param = _as_shared(view, view.snapshot, view._span, SharedParameter)
     return param
 
 
@@ -368,7 +390,9 @@ def build_on_views(build: Callable[[], nn.Module], views: dict[str, SharedTensor
                 (clones[i]._parameters if is_param else clones[i]._buffers)[attr] = tensor
     for sub in clones:  # on each clone (a hook registered on the skeleton would be handed the skeleton)
         if sub._parameters or sub._buffers:
-            sub.register_load_state_dict_pre_hook(_refuse_load_into_views)
+            # what register_load_state_dict_pre_hook stores, in a tenth of the memory and time: a hook that torch
+            # calls with the state dict, and that finds its module through a weak reference
+            sub._load_state_dict_pre_hooks[_REFUSE_HOOK_KEY] = _RefuseLoad(sub)
     return clones[0]
 
 
@@ -395,17 +419,34 @@ def _misfit(skeleton: _Skeleton, views: dict[str, SharedTensor]) -> list[str]:
     return problems
 
 
-def _refuse_load_into_views(module: nn.Module, state_dict, prefix, local_metadata, *args) -> None:
-    """load_state_dict would copy_ into the shared views; refuse up front with the snapshot's name.
+_REFUSE_HOOK_KEY = "policystore.refuse_load_into_views"  # torch's own hook keys are ints: no clash
 
-    ``assign=True`` only rebinds the module's attributes to new tensors, which leaves shared memory alone.
+
+class _RefuseLoad:
+    """A ``load_state_dict`` pre-hook: loading would copy_ into the shared views, so refuse up front with the
+    snapshot's name. ``assign=True`` only rebinds the module's attributes to new tensors, which leaves shared
+    memory alone.
+
+    What ``register_load_state_dict_pre_hook`` would store, in a tenth of the memory: the module is found through
+    a weak reference, and a copy of the module (deepcopy, pickle) gets a hook that looks at the copy.
     """
-    if local_metadata.get("assign_to_params_buffers"):
-        return
-    own = [t for t in (*module._parameters.values(), *module._buffers.values()) if isinstance(t, SharedTensor)]
-    if own:
-        raise ReadOnlyWeightsError(
-            f"load_state_dict() into {type(module).__name__} would overwrite shared snapshot {own[0].snapshot}, "
-            "which every process on this node maps. Load into a privately built module instead, or pass "
-            "assign=True to rebind the module to new tensors."
-        )
+
+    __slots__ = ("module_ref",)
+
+    def __init__(self, module: nn.Module):
+        self.module_ref = weakref.ref(module)
+
+    def __reduce__(self) -> tuple:
+        return _RefuseLoad, (self.module_ref(),)
+
+    def __call__(self, state_dict, prefix, local_metadata, *args) -> None:
+        module = self.module_ref()
+        if module is None or local_metadata.get("assign_to_params_buffers"):
+            return
+        own = [t for t in (*module._parameters.values(), *module._buffers.values()) if isinstance(t, SharedTensor)]
+        if own:
+            raise ReadOnlyWeightsError(
+                f"load_state_dict() into {type(module).__name__} would overwrite shared snapshot {own[0].snapshot}, "
+                "which every process on this node maps. Load into a private module instead (copy.deepcopy(module) "
+                "makes one), or pass assign=True to rebind the module to new tensors."
+            )

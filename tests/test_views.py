@@ -1,5 +1,6 @@
 """The write guard and modules built on shared views (no Ray needed: the guard lives in the tensors)."""
 
+import copy
 import subprocess
 import sys
 import warnings
@@ -121,6 +122,35 @@ def test_assign_rebinds_without_touching_shared_memory(shared):
     module.load_state_dict(fresh, assign=True)
     assert torch.equal(module[0].weight, fresh["0.weight"])
     assert bytes(buf) == before
+
+
+def test_deepcopy_gives_a_private_trainable_module_and_leaves_the_views_alone(shared):
+    source, module, buf = shared
+    before = bytes(buf)
+    x = torch.randn(4, 8)
+    copy_ = copy.deepcopy(module)
+    assert all(type(p) is nn.Parameter for p in copy_.parameters())
+    assert all(type(b) is torch.Tensor for b in copy_.buffers())
+    assert torch.equal(copy_(x), source(x))
+    copy_.load_state_dict(make_net().state_dict())  # the copy's own refusal hook looks at the copy
+    copy_.train().requires_grad_(True)
+    optimizer = torch.optim.SGD(copy_.parameters(), lr=0.5)
+    copy_(x).sum().backward()
+    optimizer.step()
+    assert bytes(buf) == before and torch.equal(module(x), source(x))
+    with pytest.raises(ReadOnlyWeightsError, match="p@v1"):  # and the original still refuses
+        module.load_state_dict(make_net().state_dict())
+
+
+def test_module_parameters_are_parameters_apart_from_the_views(shared):
+    _, module, _ = shared
+    weight = module[0].weight
+    assert isinstance(weight, nn.Parameter) and isinstance(weight, SharedTensor)
+    assert weight.is_leaf and weight.grad_fn is None
+    state = module.state_dict(keep_vars=False)
+    assert not isinstance(state["0.weight"], nn.Parameter) and isinstance(state["0.weight"], SharedTensor)
+    module.requires_grad_(True)  # flips the Parameters' flag: the views under them stay as they were
+    assert weight.requires_grad and not state["0.weight"].requires_grad
 
 
 def test_wrong_shapes_name_the_snapshot_and_the_tensors():
