@@ -6,8 +6,9 @@
            single shared copy.
 
 Each (mode, workers, size) runs in a fresh Ray session: a store, a learner actor that publishes the snapshots,
-and N worker actors (fractional CPUs). The workers first warm up (torch imported, a forward pass of a tiny net
-of the same architecture, store connected) and the session's memory is measured idle. Then K grows step by
+and N worker actors (fractional CPUs). The workers first warm up (torch imported, store connected, one forward
+pass of a private net of the snapshots' architecture, then dropped: the kernels' workspace that every process
+running that net pays once, whatever holds the weights) and the session's memory is measured idle. Then K grows step by
 step (1, 8, 32, 128 by default): the learner publishes the new snapshots, every worker loads them and runs a
 forward pass with EVERY loaded snapshot (all pages touched), and memory is measured again.
 
@@ -57,8 +58,8 @@ class Worker:
         self.store = policystore.connect()
         self.modules: list[torch.nn.Module] = []
         self.x = spec.example_input(batch=8)
-        with torch.no_grad():  # warm-up: kernels and allocator arenas belong to the idle baseline
-            NetSpec(spec.arch, 8)()(self.x)
+        with torch.no_grad():  # warm-up: the kernels' workspace for this architecture and batch (about 1.5 MiB for
+            spec()(self.x)  # the 4 MiB MLP, once per process) belongs to the idle baseline; the private net is freed
 
     def load(self, policy_ids: list[str]) -> float:
         start = time.perf_counter()
