@@ -153,14 +153,25 @@ class SharedTensor(torch.Tensor):
                 source = next((s for s in map(_any_shared, (*args, *kwargs.values())) if s is not None), None)
             return result if source is None else _guard_aliases(result, source)
 
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        """Pickled (``torch.save``, Ray, multiprocessing) as a plain tensor (or Parameter) of its own values: the
+        guard and the sharing belong to this node's memory, and the rest of the snapshot buffer under the view
+        stays out of the file. So ``torch.save(dict(snapshot))`` writes each tensor's bytes once, whatever their
+        dtypes, and ``torch.load(..., weights_only=True)`` reads it back."""
+        return self._private_copy().__reduce_ex__(protocol)
+
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
         """A private, writable copy, so that ``copy.deepcopy`` of a module built on views gives a module of its
-        own (the usual way to start training from a frozen snapshot); parameters stay parameters."""
+        own (the usual way to start training from a frozen snapshot)."""
+        memo[id(self)] = copy = self._private_copy()
+        return copy
+
+    def _private_copy(self) -> torch.Tensor:
+        """A plain tensor with a copy of the values; a Parameter stays a Parameter."""
         with torch._C.DisableTorchFunctionSubclass():
             copy = self.clone()
         if isinstance(self, SharedParameter):
             copy = nn.Parameter(copy, requires_grad=self.requires_grad)
-        memo[id(self)] = copy
         return copy
 
 

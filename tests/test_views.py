@@ -1,6 +1,7 @@
 """The write guard and modules built on shared views (no Ray needed: the guard lives in the tensors)."""
 
 import copy
+import pickle
 import subprocess
 import sys
 import warnings
@@ -140,6 +141,22 @@ def test_deepcopy_gives_a_private_trainable_module_and_leaves_the_views_alone(sh
     assert bytes(buf) == before and torch.equal(module(x), source(x))
     with pytest.raises(ReadOnlyWeightsError, match="p@v1"):  # and the original still refuses
         module.load_state_dict(make_net().state_dict())
+
+
+def test_views_save_and_pickle_as_plain_copies_of_their_own_values(tmp_path):
+    source = nn.Sequential(nn.Linear(256, 256), nn.BatchNorm1d(256)).eval()  # float32 and an int64 in one buffer
+    views, _ = shared_views(source)
+    torch.save(views, tmp_path / "opponent.pt")  # refused before: one storage seen as two dtypes
+    back = torch.load(tmp_path / "opponent.pt", weights_only=True)
+    assert {k: type(v) for k, v in back.items()} == dict.fromkeys(views, torch.Tensor)
+    assert all(torch.equal(back[k], v) for k, v in source.state_dict().items())
+    torch.save(source.state_dict(), tmp_path / "private.pt")  # each tensor's bytes once, not the whole buffer each
+    assert (tmp_path / "opponent.pt").stat().st_size <= 1.1 * (tmp_path / "private.pt").stat().st_size
+    module = build_on_views(lambda: nn.Sequential(nn.Linear(256, 256), nn.BatchNorm1d(256)), views, "p@v1")
+    param = pickle.loads(pickle.dumps(module[0].weight))
+    assert type(param) is nn.Parameter and torch.equal(param, source[0].weight)
+    param.data.add_(1)  # a private copy
+    assert torch.equal(module[0].weight, source[0].weight)
 
 
 def test_module_parameters_are_parameters_apart_from_the_views(shared):
