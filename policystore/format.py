@@ -74,7 +74,7 @@ _BLOCK = 4 * 1024 * 1024  # pack's copy granularity: its checksum thread trails 
 _OVERLAP_BYTES = 32 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorEntry:
     code: str  # safetensors dtype code, e.g. "F32"
     shape: tuple[int, ...]
@@ -96,7 +96,7 @@ class TensorEntry:
 class Header:
     """A parsed, validated header: where each tensor lies in the buffer, plus the metadata."""
 
-    tensors: dict[str, TensorEntry]
+    tensors: dict[str, TensorEntry]  # shared by every header with the same tensor index: never modify
     metadata: dict[str, str]
     data_offset: int  # absolute offset of the data section
     nbytes: int  # whole buffer
@@ -414,7 +414,23 @@ def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int 
         raise CorruptSnapshotError(
             f"{name}: data section is {total - data_offset} bytes but the header describes {position}"
         )
-    return Header(tensors, metadata, data_offset, total)
+    return Header(_shared_layout(tensors), metadata, data_offset, total)
+
+
+# tensor index -> the one dict of entries every header with that index shares (read-only by convention): a league's
+# snapshots mostly share a few architectures, and the store and every reader keep a header per snapshot they know
+_LAYOUTS: dict[tuple, dict[str, TensorEntry]] = {}
+_MAX_LAYOUTS = 1024
+
+
+def _shared_layout(tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
+    key = tuple((name, e.code, e.shape, e.start, e.end) for name, e in tensors.items())
+    shared = _LAYOUTS.get(key)
+    if shared is None:
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        shared = _LAYOUTS.setdefault(key, tensors)
+    return shared
 
 
 def _check_recorded_meta(metadata: dict[str, str], name: str) -> None:

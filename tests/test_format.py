@@ -87,6 +87,16 @@ def test_renamed_tensor_fails_checksum():
         fmt.verify_buffer(np.frombuffer(bytes(raw), np.uint8), name="p")
 
 
+def test_headers_of_one_layout_share_their_tensor_index():
+    weights = {"w": torch.zeros(4, 3), "b": torch.zeros(3), "n": torch.zeros((), dtype=torch.int64)}
+    a = fmt.parse_header(fmt.pack(weights, policy_id="p", meta={"k": 1}), name="a")
+    b = fmt.parse_header(fmt.pack({k: v + 1 for k, v in weights.items()}, policy_id="q"), name="b")
+    other = fmt.parse_header(fmt.pack({"w": torch.zeros(4, 4)}, policy_id="p"), name="c")
+    assert a.tensors is b.tensors  # one copy per process of what every snapshot of an architecture repeats
+    assert a.checksum != b.checksum and a.user_meta == {"k": 1} and b.user_meta == {}
+    assert other.tensors is not a.tensors and other.tensors["w"].shape == (4, 4)
+
+
 def test_truncated_buffer_is_rejected():
     buf = fmt.pack({"w": torch.randn(64)}, policy_id="p")
     with pytest.raises(CorruptSnapshotError, match="data section"):
