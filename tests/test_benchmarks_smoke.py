@@ -28,6 +28,8 @@ EXPECTED = {
     "spill_restore": ["snapshot_mib", "loadavg_1m"],  # plus the keys of its row type, below
     "publish": ["snapshot_mib", "memcpy_ms", "publish_ms", "durable_ms", "publish_x_memcpy"],
     "league_throughput": ["loadavg_1m"],  # plus the keys of its row kind, below
+    "worker_memory": ["snapshot_mib", "snapshots", "pushed_kib_per_snapshot", "first_load_kib", "kib_per_module",
+                      "kib_per_module_beyond_weights", "loadavg_1m"],
 }
 ROW_KEYS = {  # per row type (spill_restore's "row", league_throughput's "bench")
     "ratio": ["lz4_ratio"],

@@ -1,0 +1,133 @@
+"""What one rollout worker's private memory pays per frozen opponent: store views against private copies.
+
+One worker actor, one learner actor, one node store, in a fresh Ray session per mode. The worker first runs a
+forward pass of a private net of the snapshots' architecture and drops it (the kernels' workspace belongs to its
+baseline), then reads its private heap. The learner publishes K snapshots; the worker reads its heap again (what
+the push of K snapshots it has not read costs it), loads them all and reads it once more, then loads K more and
+reads it a last time. Between the two load steps the first load's one-time costs (the read path's imports, the
+module skeleton) drop out.
+
+  store:    every load is ``store.load_module``: parameters are views of the node's one shared copy
+  private:  every load builds the module and ``load_state_dict``s the snapshot into it (RLlib's way)
+
+Private heap = ``Anonymous`` in the worker's /proc/self/smaps_rollup, after ``gc.collect()`` and glibc's
+``malloc_trim(0)`` (freed heap given back, so the figure is what the worker holds). Rows, per mode and size:
+``pushed_kib_per_snapshot`` (K pushed, none read), ``first_load_kib`` (the first K loads, per load, one-time
+costs included), ``kib_per_module`` (the second K loads, per load: the steady cost of one more opponent) and
+``kib_per_module_beyond_weights`` (the same minus the snapshot's own bytes: what a module costs besides its
+weights; for views those are shared, so it is the whole of it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+from typing import Any
+
+import ray
+
+import policystore
+
+from . import harness, memory_scaling
+from .harness import MiB
+from .memory_scaling import MODES, Learner
+from .nets import ARCHS, NetSpec
+
+log = logging.getLogger("benchmarks.worker_memory")
+KiB = 1024
+
+
+class Worker(memory_scaling.Worker):
+    """memory_scaling's rollout worker (same warm-up, same two ways to load), reporting its private heap."""
+
+    def private_heap_bytes(self) -> int:
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/smaps_rollup") as f:
+            return next(int(line.split()[1]) * KiB for line in f if line.startswith("Anonymous:"))
+
+    def load_and_measure(self, policy_ids: list[str]) -> int:
+        self.load(policy_ids)
+        return self.private_heap_bytes()
+
+
+def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, k: int, args: Any) -> None:
+    hot = int(2 * k * (spec.nbytes + 64 * KiB) * 1.1) + 64 * MiB
+    with harness.ray_session(hot + 256 * MiB) as spill_dir:
+        store = policystore.connect(policystore.StoreConfig(hot_capacity_bytes=hot, spill_dir=str(spill_dir)))
+        learner = ray.remote(Learner).options(num_cpus=0.1).remote(spec)
+        worker = ray.remote(Worker).options(num_cpus=0.1).remote(mode, spec)
+        idle = ray.get(worker.private_heap_bytes.remote())
+        first = ray.get(learner.publish.remote(0, k))
+        store.flush()
+        harness.collect_garbage(args.settle_s)  # the pushes reach the worker meanwhile
+        pushed = ray.get(worker.private_heap_bytes.remote())
+        after_first = ray.get(worker.load_and_measure.remote(first))
+        second = ray.get(learner.publish.remote(k, 2 * k))
+        store.flush()
+        harness.collect_garbage(args.settle_s)
+        before_second = ray.get(worker.private_heap_bytes.remote())
+        after_second = ray.get(worker.load_and_measure.remote(second))
+        per_module = (after_second - before_second) / k
+        results.emit({
+            "mode": mode,
+            "arch": spec.arch,
+            "snapshot_mib": size_mib,
+            "snapshot_bytes": spec.nbytes,
+            "snapshots": k,
+            "pushed_kib_per_snapshot": (pushed - idle) / k / KiB,
+            "first_load_kib": (after_first - pushed) / k / KiB,
+            "kib_per_module": per_module / KiB,
+            "kib_per_module_beyond_weights": (per_module - (spec.nbytes if mode == "private" else 0)) / KiB,
+            "heap_idle_mib": idle / MiB,
+            "settle_s": args.settle_s,
+        })
+
+
+def plot(rows: list[dict[str, Any]], path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{r['mode']}\n{r['snapshot_mib']} MiB" for r in rows]
+    ax.bar(labels, [r["kib_per_module_beyond_weights"] for r in rows], color="tab:blue")
+    ax.axhline(16, color="tab:red", linestyle="--", label="goal: 16 KiB")
+    ax.set_ylabel("private KiB per loaded module, beyond its weights")
+    ax.set_title("What one more frozen opponent costs a worker")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.make_parser("worker_memory", __doc__)
+    parser.add_argument("--sizes-mib", type=harness.int_list, default=[1, 4], help="snapshot sizes (%(default)s)")
+    parser.add_argument("--snapshots", type=int, default=32, help="K: snapshots per step (%(default)s)")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of private,store")
+    parser.add_argument("--arch", choices=ARCHS, default="mlp", help="policy network shape (%(default)s)")
+    parser.add_argument("--settle-s", type=float, default=2.0, help="wait after GC for the pushes to arrive")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes must be a comma-separated subset of {','.join(MODES)}, got {args.modes!r}")
+    if args.quick:
+        args.sizes_mib, args.snapshots, args.settle_s = [1], 4, 0.5
+    harness.setup_logging(args.verbose)
+    results = harness.Results("worker_memory", args, {k: v for k, v in vars(args).items() if k != "out"})
+    points = [(size, mode) for size in args.sizes_mib for mode in modes]
+    with harness.progress() as bar:
+        task = bar.add_task("worker_memory", total=len(points))
+        for size_mib, mode in points:
+            bar.update(task, description=f"{mode} {size_mib} MiB")
+            run_mode(results, mode, NetSpec.for_bytes(args.arch, size_mib * MiB), size_mib, args.snapshots, args)
+            bar.advance(task)
+    results.finish(
+        ["mode", "snapshot_mib", "snapshots", "pushed_kib_per_snapshot", "first_load_kib", "kib_per_module",
+         "kib_per_module_beyond_weights", "heap_idle_mib", "loadavg_1m"],
+        plot,
+    )
+
+
+if __name__ == "__main__":
+    main()
