@@ -8,8 +8,8 @@
 Each (mode, workers, size) runs in a fresh Ray session: a store, a learner actor that publishes the snapshots,
 and N worker actors (fractional CPUs). The workers first warm up (torch imported, store connected, one forward
 pass of a private net of the snapshots' architecture, then dropped: the kernels' workspace that every process
-running that net pays once, whatever holds the weights) and the session's memory is measured idle. Then K grows step by
-step (1, 8, 32, 128 by default): the learner publishes the new snapshots, every worker loads them and runs a
+running that net pays once, whatever holds the weights) and the session's memory is measured idle. Then K grows
+step by step (1, 8, 32, 128 by default): the learner publishes the new snapshots, every worker loads them and runs a
 forward pass with EVERY loaded snapshot (all pages touched), and memory is measured again.
 
 Memory method: PSS summed over every process of the Ray session (driver, GCS, raylet with the object store,
@@ -58,8 +58,10 @@ class Worker:
         self.store = policystore.connect()
         self.modules: list[torch.nn.Module] = []
         self.x = spec.example_input(batch=8)
-        with torch.no_grad():  # warm-up: the kernels' workspace for this architecture and batch (about 1.5 MiB for
-            spec()(self.x)  # the 4 MiB MLP, once per process) belongs to the idle baseline; the private net is freed
+        # Warm-up: the kernels' workspace for this architecture and batch (about 1.5 MiB for the 4 MiB MLP, paid
+        # once per process) belongs to the idle baseline. The private net is dropped at once.
+        with torch.no_grad():
+            spec()(self.x)
 
     def load(self, policy_ids: list[str]) -> float:
         start = time.perf_counter()
