@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from torch import nn
 
 from league.connect4 import COLS, VecConnectFour, observation_planes
 from league.constants import DEFAULT_PLAYER
@@ -45,7 +46,12 @@ def load_policy(run_dir: str | Path, player: str | None = None, version: int | s
     game = RunDir(run_dir).load_config().game
     if game != CONNECT4.name:
         raise ValueError(f"load_policy plays Connect Four boards; {run_dir} trained {game!r}")
-    net = load_net(run_dir, player, version)
+    return connect_four_policy(load_net(run_dir, player, version))
+
+
+def connect_four_policy(net: nn.Module) -> Act:
+    """``act(board, player_to_move, legal_actions=None) -> column``: ``net``'s greedy move on Connect Four boards
+    (the same input planes, threat planes included, as in training), limited to legal columns."""
 
     def act_on(board: np.ndarray, player_to_move: int, legal_actions: Sequence[int] | np.ndarray | None = None
                ) -> int:
