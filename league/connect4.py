@@ -11,6 +11,8 @@ Each game keeps two representations:
 
 from __future__ import annotations
 
+import functools
+
 import gymnasium as gym
 import numpy as np
 
@@ -64,8 +66,6 @@ class VecConnectFour:
         self.plane_shape = (NUM_PLANES, ROWS, COLS)
         self.single_observation_space = single_observation_space()
         self.single_action_space = single_action_space()
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self.boards = np.zeros((num_envs, ROWS, COLS), dtype=np.int8)
         self.heights = np.zeros((num_envs, COLS), dtype=np.int8)
         self.bits = np.zeros((num_envs, 2), dtype=np.uint64)  # [:, 0] player 1, [:, 1] player 2
@@ -73,6 +73,16 @@ class VecConnectFour:
         self.moves = np.zeros(num_envs, dtype=np.int16)
         self.done = np.zeros(num_envs, dtype=bool)
         self.winner = np.zeros(num_envs, dtype=np.int8)  # 0 while running or for a draw
+
+    # Batched spaces are built on first use: their bounds arrays cost as much as the game state (a search's node
+    # pool holds hundreds of thousands of games and never asks for them).
+    @functools.cached_property
+    def observation_space(self) -> gym.spaces.Dict:
+        return gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+
+    @functools.cached_property
+    def action_space(self) -> gym.spaces.Space:
+        return gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
 
     def reset(self, env_ids: np.ndarray | None = None) -> None:
         """Clear the listed games (all by default)."""

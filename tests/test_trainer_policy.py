@@ -88,3 +88,16 @@ def test_bad_input_raises_the_documented_errors():
     board[:, 6] = [1, 2, 1, 2, 1, 2]  # column 6 full (player 1 still to move: three stones each added)
     with pytest.raises(ValueError, match=r"none of legal_actions \[6\] is playable"):
         act(board, 1, [6])
+
+
+def test_search_plays_within_legal_actions_and_finds_what_the_net_misses():
+    blank = PolicyNet(hidden=8)
+    with torch.no_grad():
+        for p in blank.parameters():
+            p.zero_()
+    searched = connect_four_policy(blank, search=32)
+    assert connect_four_policy(blank)(board_with_win_at_3(), 1) == 0  # the blank net alone: the first column
+    assert searched(board_with_win_at_3(), 1) == 3                   # its search sees the win
+    assert searched(board_with_win_at_3(), 1, [5, 6]) in (5, 6)
+    with pytest.raises(ValueError, match="search"):
+        connect_four_policy(blank, search=-1)

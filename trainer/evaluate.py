@@ -1,13 +1,21 @@
-"""Strength of a trained agent against the scripted players, over both seats.
+"""Strength of a trained agent against fixed opponents, over both seats, with a 95% confidence interval.
 
-    python -m trainer.evaluate --run-dir runs/demo            # main agent, 1000 games per seat
+    python -m trainer.evaluate --run-dir runs/demo            # main agent vs random and win/block, 1000 games per seat
     python -m trainer.evaluate --run-dir runs/demo --player main_exploiter_0 --games 500
+    python -m trainer.evaluate --run-dir runs/demo --search 64                 # the agent plays with a PUCT search
+    python -m trainer.evaluate --run-dir runs/demo --opponents mcts100,mcts1000 --games 50   # OpenSpiel's MCTS
+
+Opponents: the game's scripted players (Connect Four: ``random``, ``winblock``: win if you can, block if you must)
+and, for Connect Four with the ``openspiel`` extra installed, ``mcts<N>``: OpenSpiel's MCTSBot with N simulations
+and random rollouts, a reference nobody in this project wrote.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import time
 
 import numpy as np
 from torch import nn
@@ -15,26 +23,69 @@ from torch import nn
 from league.baselines import BASELINES
 from league.constants import DEFAULT_PLAYER
 from league.games import CONNECT4, Game, get_game
+from trainer.openspiel_bots import is_mcts, mcts_policy
 from trainer.policy import load_net
 from trainer.rundir import RunDir
-from workers.play import net_policy, play, scripted_policy
+from workers.play import Policy, net_policy, play, scripted_policy, search_policy
 
 
-def evaluate(net: nn.Module, game: Game = CONNECT4, games_per_seat: int = 1000,
-             seed: int = 0) -> dict[str, dict[str, float]]:
-    """Greedy play (argmax, as ``load_policy`` plays) against each of the game's scripted opponents, half
-    the games moving first. Rates are fractions of all games; ``win_first``/``win_second`` split them by seat."""
+def wilson_interval(wins: float, games: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a rate (draws count as half a win where the caller says so)."""
+    if games == 0:
+        return 0.0, 1.0
+    p = wins / games
+    centre = (p + z * z / (2 * games)) / (1 + z * z / games)
+    half = z * math.sqrt(p * (1 - p) / games + z * z / (4 * games * games)) / (1 + z * z / games)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _opponent(name: str, game: Game, num_envs: int, rng: np.random.Generator, seed: int) -> Policy:
+    if is_mcts(name):
+        if game.name != CONNECT4.name:
+            raise SystemExit(f"OpenSpiel opponents play Connect Four only, not {game.name!r}")
+        return mcts_policy(name, num_envs, seed)
+    if name not in BASELINES:
+        raise SystemExit(f"unknown opponent {name!r}: choose from {sorted(BASELINES)} or mcts<simulations>")
+    return scripted_policy(BASELINES[name], rng)
+
+
+def evaluate(net: nn.Module, game: Game = CONNECT4, games_per_seat: int = 1000, seed: int = 0, search: int = 0,
+             opponents: tuple[str, ...] | None = None) -> dict[str, dict[str, float]]:
+    """Greedy play (argmax, as ``load_policy`` plays; or the move of a ``search``-simulation PUCT search) against
+    each opponent, half the games moving first. Rates are fractions of all games; ``win_first``/``win_second``
+    split them by seat; ``win_low``/``win_high`` bound the win rate (95% Wilson interval); ``ms_per_batch_move`` is the
+    agent's time per batched call (one move in every unfinished game)."""
+    if search and game.name != CONNECT4.name:
+        raise SystemExit(f"--search plays Connect Four only, not {game.name!r}")
     rng = np.random.default_rng(seed)
     env = game.make(2 * games_per_seat)
     first = np.arange(env.num_envs) % 2 == 0  # play() seats side 0 first in even games
     results = {}
-    for name in game.baselines:
-        outcome = play(env, (net_policy(net, greedy=True), scripted_policy(BASELINES[name], rng)))
+    for name in opponents or game.baselines:
+        agent = search_policy(net, search) if search else net_policy(net, greedy=True)
+        timed = _Timed(agent)
+        outcome = play(env, (timed, _opponent(name, game, env.num_envs, rng, seed)))
         won = env.winner == np.where(first, 1, 2)
+        low, high = wilson_interval(outcome.wins, env.num_envs)
         results[name] = {"win": outcome.wins / env.num_envs, "draw": outcome.draws / env.num_envs,
                          "loss": outcome.losses / env.num_envs, "win_first": float(won[first].mean()),
-                         "win_second": float(won[~first].mean()), "games": env.num_envs}
+                         "win_second": float(won[~first].mean()), "win_low": low, "win_high": high,
+                         "games": env.num_envs, "ms_per_batch_move": 1e3 * timed.seconds / max(timed.moves, 1)}
     return results
+
+
+class _Timed:
+    """Wraps a policy, adding up the time its batched calls take."""
+
+    def __init__(self, policy: Policy):
+        self.policy, self.seconds, self.moves = policy, 0.0, 0
+
+    def __call__(self, env, ids, planes, legal):
+        start = time.perf_counter()
+        out = self.policy(env, ids, planes, legal)
+        self.seconds += time.perf_counter() - start
+        self.moves += 1
+        return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,19 +95,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--player", default=DEFAULT_PLAYER, help=f"player or snapshot name (default: {DEFAULT_PLAYER})")
     parser.add_argument("--version", default="latest", help="store version of the player (default: latest)")
     parser.add_argument("--games", type=int, default=1000, help="games per seat and opponent (default 1000)")
+    parser.add_argument("--search", type=int, default=0, metavar="N",
+                        help="play with a PUCT search of N simulations per move (Connect Four; default 0: the net)")
+    parser.add_argument("--opponents", default=None,
+                        help="comma-separated: random, winblock, mcts<N> (default: the game's scripted players)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
+    if args.games < 1 or args.search < 0:
+        parser.error("--games must be >= 1 and --search >= 0")
     version = args.version if args.version == "latest" else int(args.version)
     net = load_net(args.run_dir, args.player, version)
-    results = evaluate(net, get_game(RunDir(args.run_dir).load_config().game), args.games, args.seed)
+    opponents = tuple(args.opponents.split(",")) if args.opponents else None
+    results = evaluate(net, get_game(RunDir(args.run_dir).load_config().game), args.games, args.seed, args.search,
+                       opponents)
     if args.json:
-        print(json.dumps({"player": args.player, "version": args.version, **results}))
+        print(json.dumps({"player": args.player, "version": args.version, "search": args.search, **results}))
         return
-    print(f"{args.player} ({args.version}), {2 * args.games} games per opponent, both seats:")
+    how = f"with a {args.search}-simulation search" if args.search else "greedy"
+    print(f"{args.player} ({args.version}, {how}), {2 * args.games} games per opponent, both seats:")
     for name, r in results.items():
-        print(f"  vs {name:9s} win {r['win']:6.1%}  draw {r['draw']:6.1%}  loss {r['loss']:6.1%}   "
-              f"(win moving first {r['win_first']:.1%}, second {r['win_second']:.1%})")
+        print(f"  vs {name:9s} win {r['win']:6.1%} [{r['win_low']:.1%}, {r['win_high']:.1%}]  draw {r['draw']:6.1%}"
+              f"  loss {r['loss']:6.1%}   (win moving first {r['win_first']:.1%}, second {r['win_second']:.1%};"
+              f" {r['ms_per_batch_move']:.1f} ms per batched move)")
 
 
 if __name__ == "__main__":

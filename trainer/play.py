@@ -2,6 +2,7 @@
 
     python -m trainer.play --run-dir runs/demo              # you move first
     python -m trainer.play --run-dir runs/demo --second     # the agent moves first
+    python -m trainer.play --run-dir runs/demo --search 256 # the agent searches 256 simulations per move
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir", required=True, help="a directory written by `python -m trainer`")
     parser.add_argument("--player", default=None, help=f"player or snapshot to play (default: {DEFAULT_PLAYER})")
     parser.add_argument("--second", action="store_true", help="let the agent move first")
+    parser.add_argument("--search", type=int, default=0, metavar="N",
+                        help="the agent plays with a PUCT search of N simulations per move (default 0: the net alone)")
     args = parser.parse_args(argv)
-    agent = load_policy(args.run_dir, args.player)
+    if args.search < 0:
+        parser.error("--search must be >= 0")
+    agent = load_policy(args.run_dir, args.player, search=args.search)
     try:
         play_game(agent, human_player=2 if args.second else 1)
     except (KeyboardInterrupt, EOFError):

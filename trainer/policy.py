@@ -16,6 +16,7 @@ from league.connect4 import COLS, VecConnectFour, observation_planes
 from league.constants import DEFAULT_PLAYER
 from league.games import CONNECT4, get_game
 from league.model import PolicyNet, act
+from league.search import best_moves
 from policystore.reader import open_folder
 from trainer.rundir import RunDir
 
@@ -37,8 +38,10 @@ def load_net(run_dir: str | Path, player: str | None = None, version: int | str 
     return net.eval()
 
 
-def load_policy(run_dir: str | Path, player: str | None = None, version: int | str = "latest") -> Act:
-    """``act(board, player_to_move, legal_actions=None) -> column`` for a trained player (greedy).
+def load_policy(run_dir: str | Path, player: str | None = None, version: int | str = "latest",
+                search: int = 0) -> Act:
+    """``act(board, player_to_move, legal_actions=None) -> column`` for a trained player (greedy, or with a PUCT
+    search of ``search`` simulations per move that uses the net's policy as prior and its value at the leaves).
 
     ``board``: ``(6, 7)`` int8, row 0 the top row, 0 empty, 1/2 the players' stones; ``player_to_move``: 1
     or 2; ``legal_actions``: columns allowed (default: every column that is not full).
@@ -46,12 +49,15 @@ def load_policy(run_dir: str | Path, player: str | None = None, version: int | s
     game = RunDir(run_dir).load_config().game
     if game != CONNECT4.name:
         raise ValueError(f"load_policy plays Connect Four boards; {run_dir} trained {game!r}")
-    return connect_four_policy(load_net(run_dir, player, version))
+    return connect_four_policy(load_net(run_dir, player, version), search)
 
 
-def connect_four_policy(net: nn.Module) -> Act:
+def connect_four_policy(net: nn.Module, search: int = 0) -> Act:
     """``act(board, player_to_move, legal_actions=None) -> column``: ``net``'s greedy move on Connect Four boards
-    (the same input planes, threat planes included, as in training), limited to legal columns."""
+    (the same input planes, threat planes included, as in training), or the move of a ``search``-simulation
+    PUCT search over them, limited to legal columns."""
+    if search < 0:
+        raise ValueError(f"search must be >= 0 simulations, got {search}")
 
     def act_on(board: np.ndarray, player_to_move: int, legal_actions: Sequence[int] | np.ndarray | None = None
                ) -> int:
@@ -67,6 +73,8 @@ def connect_four_policy(net: nn.Module) -> Act:
             if not (allowed & legal[0]).any():
                 raise ValueError(f"none of legal_actions {list(legal_actions)} is playable on this board")
             legal &= allowed
+        if search:
+            return int(best_moves(net, env, np.array([0]), search, root_mask=legal)[0])
         actions, _, _ = act(net, observation_planes(env, np.array([0])), legal, greedy=True)
         return int(actions[0])
 

@@ -15,6 +15,7 @@ from torch import nn
 from league.baselines import Player
 from league.gae import gae
 from league.model import act
+from league.search import best_moves
 from league.vecgame import VecGame
 
 # (env, env ids, planes, legal) -> (actions, log-probs or None, values or None)
@@ -26,6 +27,13 @@ def net_policy(net: nn.Module, generator: torch.Generator | None = None, greedy:
     """A policy that samples (or, ``greedy``, argmaxes) the net's masked distribution in one batched call."""
     def policy(env, ids, planes, legal):
         return act(net, planes, legal, generator, greedy)
+    return policy
+
+
+def search_policy(net: nn.Module, simulations: int) -> Policy:
+    """Connect Four only: the move a PUCT search with ``net`` as prior and value picks (``league.search``)."""
+    def policy(env, ids, planes, legal):
+        return best_moves(net, env, ids, simulations), None, None
     return policy
 
 

@@ -1,0 +1,44 @@
+"""trainer.evaluate's mechanics (seats, opponents, intervals, search) with untrained nets: no strength asserted."""
+
+import numpy as np
+import pytest
+
+from league.model import PolicyNet
+from trainer.evaluate import evaluate, main, wilson_interval
+
+
+def test_wilson_interval_brackets_the_rate_and_narrows_with_games():
+    low, high = wilson_interval(45, 50)
+    assert low < 0.9 < high
+    low_many, high_many = wilson_interval(900, 1000)
+    assert low < low_many < 0.9 < high_many < high
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+
+
+@pytest.mark.parametrize("search", [0, 4])
+def test_evaluate_plays_both_seats_against_each_opponent(search):
+    results = evaluate(PolicyNet(16), games_per_seat=6, seed=1, search=search)
+    assert set(results) == {"random", "winblock"}
+    for r in results.values():
+        assert r["games"] == 12 and r["win"] + r["draw"] + r["loss"] == pytest.approx(1.0)
+        assert r["win_low"] <= r["win"] <= r["win_high"]
+        assert r["win"] == pytest.approx((r["win_first"] + r["win_second"]) / 2)
+        assert np.isfinite(r["ms_per_batch_move"]) and r["ms_per_batch_move"] > 0
+
+
+def test_unknown_opponent_is_named():
+    with pytest.raises(SystemExit, match="unknown opponent 'alphazero'"):
+        evaluate(PolicyNet(16), games_per_seat=1, opponents=("alphazero",))
+
+
+def test_openspiel_mcts_opponent_plays_whole_games_in_both_seats():
+    pytest.importorskip("pyspiel", reason="the openspiel extra is not installed")
+    results = evaluate(PolicyNet(16), games_per_seat=2, seed=0, opponents=("mcts8",))
+    assert results["mcts8"]["games"] == 4
+    assert results["mcts8"]["win"] + results["mcts8"]["draw"] + results["mcts8"]["loss"] == pytest.approx(1.0)
+
+
+def test_command_rejects_a_negative_search(capsys):
+    with pytest.raises(SystemExit):
+        main(["--run-dir", "nowhere", "--search", "-1"])
+    assert "--search" in capsys.readouterr().err
