@@ -292,8 +292,9 @@ class League:
         self._new = [SnapshotRequest(**r) for r in state["open_requests"]]
         self._open = {r.player: r for r in self._new}
 
-    def payoff_matrix(self) -> tuple[list[str], np.ndarray]:
-        return list(self.payoff.players), self.payoff.matrix()
+    def payoff_matrix(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Players, P[row beats column] (0.5 where they never met) and which pairs met."""
+        return list(self.payoff.players), self.payoff.matrix(), self.payoff.met()
 
     def summary(self) -> list[dict[str, Any]]:
         """One row per player: name, kind, parent, Elo, env steps."""

@@ -71,6 +71,10 @@ class Payoff:
         return np.stack([self.win_rates(p, self.players) for p in self.players]) if self.players else \
             np.zeros((0, 0))
 
+    def met(self) -> np.ndarray:
+        """``(n, n)`` bool: the row player has played the column player (the matrix's 0.5 is a real result)."""
+        return self._games > 0
+
     def to_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "players": list(self.players), "wins": self._wins.tolist(),
                 "draws": self._draws.tolist(), "games": self._games.tolist()}

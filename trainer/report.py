@@ -48,17 +48,35 @@ def players_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def payoff_heatmap(players: list[str], matrix: np.ndarray, path: Path) -> None:
-    """Row player's decayed win rate against column player (0.5 where they never met)."""
+def payoff_heatmap(summary: list[dict[str, Any]], players: list[str], matrix: np.ndarray, met: np.ndarray,
+                   path: Path) -> None:
+    """The players that train (rows) against every player they met (columns), both strongest first by Elo, so
+    the picture reads as who beats whom; pairs that never met are grey, not a made-up 0.5."""
     plt = pyplot()
-    size = max(4.0, 0.45 * len(players) + 2)
-    fig, ax = plt.subplots(figsize=(size + 1, size))
-    im = ax.imshow(matrix, cmap="RdBu", vmin=0, vmax=1)
-    ax.set_xticks(range(len(players)), players, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(players)), players, fontsize=7)
-    ax.set_xlabel("opponent")
-    ax.set_ylabel("player")
-    ax.set_title("Payoff: P[row beats column] (decayed; unseen = 0.5)")
+    elo = {r["name"]: r["elo"] for r in summary}
+    index = {name: i for i, name in enumerate(players)}
+    by_elo = sorted((p for p in players if p in elo), key=lambda p: -elo[p])
+    kinds = {r["name"]: r["kind"] for r in summary}
+    rows = [p for p in by_elo if kinds[p] != HISTORICAL]
+    cols = [p for p in by_elo if any(met[index[r], index[p]] for r in rows)]
+    grid = np.full((len(rows), len(cols)), np.nan)
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            if met[index[r], index[c]]:
+                grid[i, j] = matrix[index[r], index[c]]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.42 * len(cols) + 3), max(3.0, 0.42 * len(rows) + 2)))
+    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#dddddd")
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    if grid.size <= 600:  # numbers while they stay readable
+        for (i, j), v in np.ndenumerate(grid):
+            if not np.isnan(v):
+                ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", fontsize=6,
+                        color="white" if abs(v - 0.5) > 0.3 else "black")
+    ax.set_xticks(range(len(cols)), [f"{c} ({elo[c]:.0f})" for c in cols], rotation=90, fontsize=7)
+    ax.set_yticks(range(len(rows)), [f"{r} ({elo[r]:.0f})" for r in rows], fontsize=7)
+    ax.set_xlabel("opponent (by Elo)")
+    ax.set_ylabel("training player")
+    ax.set_title("Payoff: P[row beats column] in % (decayed; grey: never met)")
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -126,10 +144,10 @@ def final_record(status: dict[str, Any], curve: list[dict[str, Any]], memory: di
 
 
 def write_report(directory: Path, summary: list[dict[str, Any]], players: list[str], matrix: np.ndarray,
-                 curve: list[dict[str, Any]]) -> None:
+                 met: np.ndarray, curve: list[dict[str, Any]]) -> None:
     """payoff.png, curve.png and players.md in ``directory`` (the driver writes ``final_record`` beside them as
     report.json, atomically, like every JSON file of the run)."""
     directory.mkdir(exist_ok=True)
-    payoff_heatmap(players, matrix, directory / "payoff.png")
+    payoff_heatmap(summary, players, matrix, met, directory / "payoff.png")
     learning_curve(curve, directory / "curve.png")
     (directory / "players.md").write_text(players_markdown(summary))

@@ -129,11 +129,11 @@ class Trainer:
         """Players table, payoff heatmap, learning curve and memory report (printed and under report/)."""
         self.store.flush()
         summary = ray.get(self.league.summary.remote())
-        players, matrix = ray.get(self.league.payoff_matrix.remote())
+        payoff = ray.get(self.league.payoff_matrix.remote())
         memory = report.memory_report(self.store.stats(), self.store.list(), self.config.workers)
         learners = ray.get([learner.stats.remote() for learner in self.learners.values()])
         final = report.final_record(result["status"], self.curve, memory, result["workers"], learners)
-        report.write_report(self.rd.report, summary, players, matrix, self.curve)
+        report.write_report(self.rd.report, summary, *payoff, self.curve)
         self.rd.write_json(self.rd.report / "report.json", final)
         print_summary(self.console, summary, final, self.config.eval_games, self.rd.report)
         return final
