@@ -169,7 +169,7 @@ class FolderReader:
                 raise ValueError(f"{path} is not a regular file")
             file = SpillFile(path, False, st.st_size)
             with self._open(path) as f:
-                header = read_header(f, file, sid)
+                header = read_header(f, file, sid, versioned=False)
             if header.checksum != expect.checksum:
                 raise CorruptSnapshotError(f"{sid}: {path} records {header.checksum}, its commit {expect.checksum}")
             return _Item(_info(sid, file, header), file, expect)
@@ -182,7 +182,8 @@ class FolderReader:
     def _read(self, item: _Item) -> np.ndarray:
         try:
             with self._open(item.file.path) as f:
-                buf, pending = load(f, item.file, item.info.id, str(item.info.id), item.expect)
+                buf, pending = load(f, item.file, item.info.id, str(item.info.id), item.expect,
+                                    versioned=item.expect is None)  # durable objects: their marker names them
             pending.wait()
             return buf
         except OSError as exc:
