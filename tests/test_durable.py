@@ -144,8 +144,48 @@ def test_remove_uncommits_and_deletes_leftovers(tmp_path):
     tier.remove(sid)
     assert not tier.find(sid)
     assert [s for s, _ in tier.list_committed()] == [SnapshotId("p", 20)]
-    assert sorted(p.name.split(".")[0] for p in (tmp_path / "p").iterdir()) == ["0000000020", "0000000020"]
+    assert sorted(p.name for p in (tmp_path / "p").iterdir() if not p.name.startswith("0000000020.")) == [
+        "0000000002.deleted.json"]  # only its tombstone is left
     tier.remove(sid)  # removing twice is fine
+
+
+@pytest.mark.parametrize("late", ["marker_kept", "write_after"])
+def test_a_tombstone_keeps_a_snapshot_deleted_whatever_lands_after_it(tmp_path, late):
+    """An upload still on its way when the snapshot is deleted (a node's background spill, a write past its
+    deadline) never brings it back: not to readers, not to a catalog rebuilt from the URI, not to open_folder."""
+    import policystore
+
+    tier = DurableTier.open(str(tmp_path))
+    sid, buf = SnapshotId("p", 3), _snapshot("p", seed=3)
+    if late == "marker_kept":  # a writer killed after its marker landed beside the tombstone
+        _write(tier, sid, buf)
+        marker = (tmp_path / "p" / f"0000000003{MARKER_SUFFIX}").read_bytes()
+        tier.remove(sid)
+        (tmp_path / "p" / f"0000000003{MARKER_SUFFIX}").write_bytes(marker)
+    else:
+        tier.remove(sid)
+        with pytest.raises(DurableTierError, match="deleted"):
+            _write(tier, sid, buf)
+    fresh = DurableTier.open(str(tmp_path))
+    assert not fresh.find(sid) and fresh.list_committed() == [] and fresh.committed_ids() == set()
+    with pytest.raises(SnapshotLostError, match="deleted|not committed"):
+        fresh.read(sid)
+    assert policystore.open_folder(str(tmp_path)).list() == []
+
+
+def test_a_write_that_finds_its_snapshot_deleted_on_the_way_undoes_itself(tmp_path, monkeypatch):
+    tier = DurableTier.open(str(tmp_path))
+    sid, buf = SnapshotId("p", 4), _snapshot("p", seed=4)
+    put_marker = tier._put_marker
+
+    def deleted_meanwhile(*args):  # the delete lands between the data upload and the commit marker
+        DurableTier.open(str(tmp_path)).remove(sid)
+        put_marker(*args)
+
+    monkeypatch.setattr(tier, "_put_marker", deleted_meanwhile)
+    with pytest.raises(DurableTierError, match="deleted while"):
+        _write(tier, sid, buf)
+    assert [p.name for p in (tmp_path / "p").iterdir()] == ["0000000004.deleted.json"]
 
 
 # ---- S3: a real S3-compatible server on loopback (the s3_server fixture in conftest.py) ---------------------------
