@@ -518,7 +518,7 @@ class PolicyStore:
 
     def verify(self, policy_id: str, version: int | None = None) -> VerifyReport:
         """Re-check the checksum recorded at publish on this node's copies and the durable tier's; raise
-        CorruptSnapshotError if one fails.
+        CorruptSnapshotError if one fails (a durable tier that does not answer is only reported, in ``problems``).
 
         Catches what the write guard cannot (raw writes through ``untyped_storage()``/``data_ptr()``). A corrupt
         shared-memory copy is dropped by the store and by this process, so the next get here serves the verified
@@ -527,7 +527,7 @@ class PolicyStore:
         check_policy_id(policy_id)
         session = self._live()
         report: VerifyReport = self._call(StoreServer.verify, policy_id, version)
-        if report.problems:
+        if False in (report.hot, report.disk, report.durable):
             if report.hot is False:
                 session.drop(report.id)
             raise CorruptSnapshotError("; ".join(report.problems))

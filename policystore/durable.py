@@ -111,11 +111,12 @@ class DurableTier:
             raise DurableTierError(f"durable_uri must be a non-empty string, got {uri!r}")
         if "://" not in uri:
             return cls(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri)), uri=uri)
+        shown = _without_credentials(uri)
         try:
             filesystem, root = pafs.FileSystem.from_uri(uri)
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise DurableTierError(f"cannot open durable_uri {uri!r}: {_first_line(exc)}") from None
-        return cls(filesystem, root, uri=uri)
+            raise DurableTierError(f"cannot open durable_uri {shown!r}: {_first_line(exc)}") from None
+        return cls(filesystem, root, uri=shown)
 
     # ---- layout --------------------------------------------------------------------------------------------
     def _folder(self, policy_id: str) -> str:
@@ -379,6 +380,13 @@ def _sync_local(filesystem: pafs.FileSystem, path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _without_credentials(uri: str) -> str:
+    """``uri`` as it may be shown in errors and logs: ``s3://key:secret@bucket/...`` loses ``key:secret@``."""
+    scheme, _, rest = uri.partition("://")
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
 
 
 def _first_line(exc: BaseException) -> str:
