@@ -287,10 +287,20 @@ class DurableTier:
 
     def committed_ids(self) -> set[SnapshotId]:
         """The snapshots with a commit marker and no tombstone, from one listing (no marker is read)."""
+        marked, deleted = self._listing()
+        return marked - deleted
+
+    def deleted_ids(self) -> set[SnapshotId]:
+        """The snapshots with a tombstone: deleted, their numbers used (a catalog rebuilt from the URI must number
+        new versions past them, or their uploads would be refused)."""
+        return self._listing()[1]
+
+    def _listing(self) -> tuple[set[SnapshotId], set[SnapshotId]]:
+        """(snapshots with a marker, snapshots with a tombstone), from one listing."""
         selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
         infos = _io(lambda: self.fs.get_file_info(selector), f"list {self.uri}")
-        marked = {sid for info in infos if (sid := self._marker_id(info)) is not None}
-        return marked - {sid for info in infos if (sid := self._marker_id(info, TOMBSTONE_SUFFIX)) is not None}
+        return ({sid for info in infos if (sid := self._marker_id(info)) is not None},
+                {sid for info in infos if (sid := self._marker_id(info, TOMBSTONE_SUFFIX)) is not None})
 
     def _marker_id(self, info: pafs.FileInfo, suffix: str = MARKER_SUFFIX) -> SnapshotId | None:
         """The snapshot a listed object is the marker (or, by ``suffix``, the tombstone) of, if it is one (in a

@@ -679,6 +679,9 @@ class StoreServer:
                 found[name] = False
                 failed[name] = exc
                 problems.append(str(exc))
+        if entry is not None and hot is None and file is None and entry.spill_error and found["durable"] is not True:
+            found["disk"] = False  # its file failed a read before (quarantined or gone) and nothing replaced it
+            problems.append(entry.spill_error)
         healed = False
         if found["hot"] is False:
             with self._lock:
