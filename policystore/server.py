@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -267,11 +267,17 @@ class StoreServer:
         Non-durable: one catalog call (``publish``) after the copy. Durable: ``reserve``, fsync'd files, the copy,
         then ``commit``. Killed anywhere before the commit, the version is never visible: complete or absent.
         """
+        with self._timed("publish_latency"):
+            return self._publish_timed(policy_id, buf, durable)
+
+    @contextmanager
+    def _landing(self, policy_id: str) -> Iterator[None]:
+        """A publish of ``policy_id`` between its catalog commit and recording its copy here: gets of a version
+        this store does not know wait for it (and only for that: never while a durable upload is under way)."""
         with self._lock:
             self._publishing[policy_id] += 1
         try:
-            with self._timed("publish_latency"):
-                return self._publish_timed(policy_id, buf, durable)
+            yield
         finally:
             with self._lock:
                 self._publishing[policy_id] -= 1
@@ -296,34 +302,37 @@ class StoreServer:
             committed = self._disk_bytes_locked()
         self.disk.check_room(header.nbytes, committed, pending, what)
         entry = _Entry(header)
-        if durable:
-            sid = SnapshotId(policy_id, ray.get(self.catalog.reserve.remote(policy_id, self.node_id)))
-            try:
-                entry.file = self.disk.commit(self.disk.write_temp(sid, buf, header), sid)
-                if self.uploads is not None:
-                    self.uploads.call(lambda: self.durable.write(sid, buf, header), f"commit {sid}")
-                ref = ray.put(shareable(buf))  # the store's own copy: it must outlive the publisher
-                ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, True)))
-            except BaseException:
-                if entry.file is not None:
-                    self.disk.remove(entry.file)
-                if self.uploads is not None:  # in the background: the tier may be what failed
-                    self.uploads.tombstone(sid)
-                self.catalog.abort.remote(policy_id, sid.version)
-                raise
-            if self.durable is not None:
-                self.catalog.hold.remote(policy_id, sid.version, DURABLE)
-        else:
-            ref = ray.put(shareable(buf))
-            sid = ray.get(self.catalog.publish.remote(policy_id, self.node_id, _summary(header, False))).id
-        with self._lock:
-            self._policies.setdefault(policy_id, {})[sid.version] = entry
-            self._landed.notify_all()
-            self.hot.add(sid, ref, header.nbytes, _head(buf))
-            self.feed.raise_latest(*sid)
-            self._count("publishes")
-            if not durable:
-                entry.pending = self._writer.submit(self._spill, sid, entry, ref)
+        with ExitStack() as landing:
+            if durable:
+                sid = SnapshotId(policy_id, ray.get(self.catalog.reserve.remote(policy_id, self.node_id)))
+                try:
+                    entry.file = self.disk.commit(self.disk.write_temp(sid, buf, header), sid)
+                    if self.uploads is not None:
+                        self.uploads.call(lambda: self.durable.write(sid, buf, header), f"commit {sid}")
+                    ref = ray.put(shareable(buf))  # the store's own copy: it must outlive the publisher
+                    landing.enter_context(self._landing(policy_id))
+                    ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, True)))
+                except BaseException:
+                    if entry.file is not None:
+                        self.disk.remove(entry.file)
+                    if self.uploads is not None:  # in the background: the tier may be what failed
+                        self.uploads.tombstone(sid)
+                    self.catalog.abort.remote(policy_id, sid.version)
+                    raise
+                if self.durable is not None:
+                    self.catalog.hold.remote(policy_id, sid.version, DURABLE)
+            else:
+                ref = ray.put(shareable(buf))
+                landing.enter_context(self._landing(policy_id))
+                sid = ray.get(self.catalog.publish.remote(policy_id, self.node_id, _summary(header, False))).id
+            with self._lock:
+                self._policies.setdefault(policy_id, {})[sid.version] = entry
+                self._landed.notify_all()
+                self.hot.add(sid, ref, header.nbytes, _head(buf))
+                self.feed.raise_latest(*sid)
+                self._count("publishes")
+                if not durable:
+                    entry.pending = self._writer.submit(self._spill, sid, entry, ref)
         self._evict(protect=sid)
         return sid
 
