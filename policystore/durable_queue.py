@@ -5,7 +5,9 @@ is acknowledged once the snapshot is in shared memory and its local spill never 
 Uploads and tombstones wait here, one at a time on the queue's own thread; one that fails is retried with
 exponential backoff (``BACKOFF_S`` doubling up to ``MAX_BACKOFF_S``) until it succeeds or the snapshot is
 deleted, so an outage delays the durable copies but loses none (the node's disk holds the snapshots meanwhile).
-A restarted store calls ``resume`` to queue its files the durable tier lacks.
+A restarted store calls ``resume`` to queue its files the durable tier lacks. A tombstone not yet written is
+also recorded as an empty file in ``pending_dir`` (named ``<policy_id>@<version>``), so a store killed during an
+outage still writes it once it is back.
 
 Every call into the tier made through ``call`` (the queue's own jobs, and a store's durable publishes, reads and
 deletes) runs on a small pool of its own threads and is given up after ``timeout_s``: a hanging tier costs the
@@ -15,20 +17,22 @@ caller a DurableTierError naming the tier, never a hang, and the thread it left 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
 from .durable import DurableTier
-from .errors import DurableTierError
+from .errors import DurableTierError, PolicyStoreError
 from .format import Header
-from .ids import SnapshotId
+from .ids import SnapshotId, check_policy_id, check_version
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +60,12 @@ class DurableQueue:
     tier. ``local()``: the snapshots this node holds, for ``resume``.
     """
 
-    def __init__(self, tier: DurableTier, timeout_s: float, *,
+    def __init__(self, tier: DurableTier, timeout_s: float, pending_dir: Path, *,
                  source: Callable[[SnapshotId], tuple[np.ndarray, Header] | None],
                  uploaded: Callable[[SnapshotId], None],
                  local: Callable[[], Iterable[SnapshotId]]):
         self.tier = tier
+        self.pending_dir = pending_dir
         self.timeout_s = timeout_s
         self._source, self._uploaded, self._local = source, uploaded, local
         self._pool = ThreadPoolExecutor(_CALL_THREADS, thread_name_prefix="policystore-durable-call")
@@ -80,6 +85,11 @@ class DurableQueue:
         """Queue ``sid``'s deletion from the tier (tombstone, marker, data); its queued upload is dropped."""
         with self._cond:
             self._jobs.pop((UPLOAD, sid), None)
+        try:
+            self.pending_dir.mkdir(mode=0o700, exist_ok=True)
+            (self.pending_dir / _record_name(sid)).touch(mode=0o600)
+        except OSError as exc:  # still queued: only a restart before it is written would forget it
+            log.warning("could not record the pending tombstone of %s in %s: %s", sid, self.pending_dir, exc)
         self._add(_Job(TOMBSTONE, sid))
 
     def cancel(self, sid: SnapshotId) -> None:
@@ -88,7 +98,18 @@ class DurableQueue:
             self._jobs.pop((UPLOAD, sid), None)
 
     def resume(self) -> None:
-        """Queue the upload of every snapshot of this node that the tier has not committed (after a restart)."""
+        """Queue the tombstones recorded before a restart, and the upload of every snapshot of this node that the
+        tier has not committed."""
+        try:
+            names = os.listdir(self.pending_dir)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            sid = _parse_record(name)
+            if sid is None:
+                log.warning("ignoring %s in %s: not a pending tombstone", name, self.pending_dir)
+            else:
+                self._add(_Job(TOMBSTONE, sid))
         self._add(_Job(RESUME, None))
 
     def call(self, fn: Callable[[], T], what: str) -> T:
@@ -184,6 +205,7 @@ class DurableQueue:
         assert sid is not None
         if job.kind == TOMBSTONE:
             self.call(lambda: self.tier.remove(sid), f"delete {sid}")
+            (self.pending_dir / _record_name(sid)).unlink(missing_ok=True)
             return
         with self._cond:
             if (TOMBSTONE, sid) in self._jobs:
@@ -196,3 +218,15 @@ class DurableQueue:
         buf, header = found
         self.call(lambda: self.tier.write(sid, buf, header), f"upload {sid}")
         self._uploaded(sid)
+
+
+def _record_name(sid: SnapshotId) -> str:
+    return f"{sid.policy_id}@{sid.version:010d}"
+
+
+def _parse_record(name: str) -> SnapshotId | None:
+    policy_id, _, version = name.rpartition("@")
+    try:
+        return SnapshotId(check_policy_id(policy_id), check_version(int(version)))
+    except (ValueError, PolicyStoreError):
+        return None

@@ -49,7 +49,7 @@ from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
 from .metrics import COUNTERS, StoreMetrics
 from .protect import open_shared, shareable
-from .spill import DiskTier, Expected, SpillFile
+from .spill import TOMBSTONES, DiskTier, Expected, SpillFile
 from .staging import StagingMaps
 from .watch import Feed
 from .wire import (
@@ -103,8 +103,8 @@ def _open_queue(server: StoreServer) -> DurableQueue | None:
         return None
     from .durable_queue import DurableQueue
 
-    return DurableQueue(server.durable, server.config.durable_timeout_s, source=server._upload_source,
-                        uploaded=server._uploaded, local=server._local_ids)
+    return DurableQueue(server.durable, server.config.durable_timeout_s, server.disk.root / TOMBSTONES,
+                        source=server._upload_source, uploaded=server._uploaded, local=server._local_ids)
 
 
 def _node_object_store_bytes(node_id: str) -> int:

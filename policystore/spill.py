@@ -56,6 +56,7 @@ RAW_SUFFIX = ".safetensors"
 LZ4_SUFFIX = ".safetensors.lz4"
 META_VERSION = "policystore.version"  # recorded by the writer; not covered by the checksum
 QUARANTINE = ".quarantine"  # not a valid policy id, so it never clashes with a policy's folder
+TOMBSTONES = ".tombstones"  # deletes the durable tier has not taken yet (durable_queue.py), for a restarted store
 CATALOG_PREFIX = "_catalog"  # the catalog's database (and any damaged copy set aside) may share the spill root
 MAX_LZ4_RATIO = 32  # an lz4 file may claim at most this many bytes per stored byte (the writer keeps to it)
 _LZ4_FLOOR = 1024 * 1024  # ... or this much, for tiny files
@@ -180,7 +181,7 @@ def survey(root: Path, root_fd: int, policy_id: str | None = None, *, owner: int
     """
     found = Survey()
     for name in sorted(os.listdir(root_fd)) if policy_id is None else [policy_id]:
-        if name == QUARANTINE or name.startswith(CATALOG_PREFIX):
+        if name in (QUARANTINE, TOMBSTONES) or name.startswith(CATALOG_PREFIX):
             continue
         where = root / name
         try:

@@ -509,6 +509,23 @@ def test_a_hanging_durable_tier_blocks_no_read_and_no_non_durable_publish(make_s
     gate.set("down")
 
 
+def test_a_delete_during_an_outage_reaches_the_durable_tier_after_a_store_restart(make_store, s3_server):
+    gate = _Gate(s3_server.port)
+    store = make_store(durable_uri=_s3_uri(s3_server, gate.port, "late-delete"), durable_timeout_s=20)
+    gone = store.publish("late", _weights(1), durable=True)
+    kept = store.publish("late", _weights(2), durable=True)
+    gate.set("down")
+    assert store.delete("late", 1) == [gone]
+    assert store.stats().durable_error  # its tombstone waits for the tier
+    os.kill(_store_pid(store), signal.SIGKILL)
+    _eventually(lambda: store.stats().durable_error, what="the restarted store trying again")
+    gate.set("up")
+    direct = DurableTier.open(_s3_uri(s3_server, s3_server.port, "late-delete"))
+    _eventually(lambda: direct.deleted_ids() == {gone}, timeout=240, what="the tombstone after the restart")
+    assert direct.committed_ids() == {kept}
+    gate.set("down")
+
+
 def test_deleted_snapshots_never_come_back(make_store, tmp_path):
     """A delete right after a non-durable publish drops its queued spill and upload, and tombstones it in the
     durable tier: a fresh catalog on the same durable URI neither lists nor serves it."""
