@@ -145,11 +145,6 @@ class DurableQueue:
             return not any(k in self._jobs for k in keys) and not (
                 self._running is not None and (self._running.kind, self._running.sid) in keys)
 
-    def idle(self, timeout_s: float) -> bool:
-        """Wait until nothing is queued or running (at most ``timeout_s``); whether that happened."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._jobs and self._running is None, timeout=timeout_s)
-
     # ---- the worker ----------------------------------------------------------------------------------------
     def _add(self, job: _Job) -> None:
         with self._cond:
