@@ -2,7 +2,8 @@
 
 On a ray.cluster_utils.Cluster of --nodes nodes (one machine, each node with its own raylet and object store),
 for --minutes: learners on the head node publish a new version every --publish-ms (every --durable-every-th one
-durable, the rest non-durable) and delete old non-durable ones; --readers reader threads on every node (spread over
+durable, the rest non-durable) and delete old non-durable ones (and about one in --race-every non-durable ones at
+once, racing its background spill and upload); --readers reader threads on every node (spread over
 --procs reader processes per node, fractional CPUs) get the latest or a listed version, recompute a CRC-32C of the
 tensors they read and check it against the digest the learner recorded in the snapshot's meta and in the ledger,
 and now and then call verify(). An injector (seeded by --seed) SIGKILLs a node's store, the catalog, a reader
@@ -16,6 +17,8 @@ Rows: one per fault kind (how many were injected, recovery time p50/p99/max in s
   backwards          a reader saw an older latest version than it had seen before (must be 0)
   read_success       successful reads / attempted reads; availability = reader time not inside a stall > 1 s
   longest_stall_s    the longest gap between two successful reads of one reader slot (across its restarts)
+  deleted_resurrected  deleted snapshots a fresh catalog on the same durable tier would list (must be 0);
+                     racing_deletes counts the deletes issued at once after their publish
 Recovery: store kill -> first read of a new version on that node; catalog kill -> first acknowledged publish and
 first new-version read after it; reader kill -> that reader's next successful read; learner kill -> its next
 acknowledged publish; node cycle -> first new-version read on the node after it is added back.
@@ -70,6 +73,8 @@ class Monitor:
     def __init__(self) -> None:
         self.acks: dict[tuple[str, int], dict[str, Any]] = {}
         self.deleted: set[tuple[str, int]] = set()
+        self.confirmed: set[tuple[str, int]] = set()  # deletes that returned
+        self.racing = 0
         self.slots: dict[str, dict[str, Any]] = {}
         self.fresh: dict[int, list[float]] = {}  # node index -> times of first reads of a version in a process
 
@@ -78,6 +83,10 @@ class Monitor:
 
     def deleting(self, pid: str, version: int) -> None:
         self.deleted.add((pid, version))
+
+    def deleted_done(self, pid: str, version: int, racing: bool) -> None:
+        self.confirmed.add((pid, version))
+        self.racing += racing
 
     def report(self, slot: str, node: int, batch: dict[str, Any]) -> None:
         state = self.slots.setdefault(slot, {"node": node, "ok": 0, "failed": 0, "errors": {}, "wrong": 0,
@@ -92,7 +101,8 @@ class Monitor:
         self.fresh.setdefault(node, []).extend(batch["fresh_times"])
 
     def dump(self) -> dict[str, Any]:
-        return {"acks": self.acks, "deleted": self.deleted, "slots": self.slots, "fresh": self.fresh}
+        return {"acks": self.acks, "deleted": self.deleted, "slots": self.slots, "fresh": self.fresh,
+                "confirmed": self.confirmed, "racing": self.racing}
 
 
 class Learner:
@@ -114,7 +124,12 @@ class Learner:
     def _state(self, text: str) -> None:
         Path(self.state_file).write_text(text)
 
-    def run(self, until: float, period_s: float, durable_every: int) -> int:
+    def _delete(self, version: int, racing: bool) -> None:
+        ray.get(self.monitor.deleting.remote(self.pid, version))
+        self.store.delete(self.pid, version)
+        self.monitor.deleted_done.remote(self.pid, version, racing)
+
+    def run(self, until: float, period_s: float, durable_every: int, race_every: int) -> int:
         import torch
 
         rng = random.Random(time.time_ns() ^ os.getpid())
@@ -128,12 +143,12 @@ class Learner:
             self._state("idle")
             self.monitor.ack.remote(self.index, sid.policy_id, sid.version, sha, durable, time.time())
             count += 1
-            if not durable:
+            if not durable and rng.randrange(race_every) == 0:
+                self._delete(sid.version, racing=True)  # while its spill and upload are still queued
+            elif not durable:
                 self.nondurable.append(sid.version)
             while len(self.nondurable) > KEEP_NONDURABLE:
-                old = self.nondurable.pop(0)
-                ray.get(self.monitor.deleting.remote(self.pid, old))
-                self.store.delete(self.pid, old)
+                self._delete(self.nondurable.pop(0), racing=False)
             time.sleep(period_s)
         return count
 
@@ -243,7 +258,7 @@ class Chaos:
     def __init__(self, args: Any, durable_dir: str) -> None:
         from ray.cluster_utils import Cluster
 
-        self.args, self.rng = args, random.Random(args.seed)
+        self.args, self.rng, self.durable_dir = args, random.Random(args.seed), durable_dir
         self.node_args = {"num_cpus": 4, "object_store_memory": args.store_mib * MiB}
         self.cluster = Cluster(initialize_head=True, head_node_args={
             **self.node_args, "resources": {HEAD: 1000}, "include_dashboard": False,
@@ -372,7 +387,8 @@ class Chaos:
 
     def _start(self, kind: str, who: Any, until: float) -> Any:
         if kind == "learner":
-            return self.learners[who].run.remote(until, self.args.publish_ms / 1000, self.args.durable_every)
+            return self.learners[who].run.remote(until, self.args.publish_ms / 1000, self.args.durable_every,
+                                                 self.args.race_every)
         return self.readers[who][0].run.remote(until)
 
     def _supervise(self, until: float) -> None:
@@ -403,6 +419,12 @@ class Chaos:
             except Exception as exc:
                 outcome[(pid, version)] = type(exc).__name__
         return outcome
+
+    def resurrected(self, confirmed: set) -> int:
+        """Deleted snapshots the durable tier still has committed: what a fresh catalog on it would list."""
+        from policystore.durable import DurableTier
+
+        return len({tuple(sid) for sid in DurableTier.open(self.durable_dir).committed_ids()} & confirmed)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -485,6 +507,8 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, run_s: float) -> 
         "read_success": ok / max(ok + failed, 1),
         "availability": 1 - unavailable / max(run_s * len(slots), 1e-9),
         "longest_stall_s": max(stalls) if stalls else None,
+        "racing_deletes": data["racing"],
+        "deleted_resurrected": chaos.resurrected(data["confirmed"]),
         "faults": len(chaos.faults),
         "errors": errors,
         "durable_lost_ids": [f"{p}@v{v}: {lost[(p, v)]}" for p, v in durable_lost][:20],
@@ -502,6 +526,8 @@ def main() -> None:
     parser.add_argument("--learners", type=int, default=2)
     parser.add_argument("--publish-ms", type=float, default=300.0, help="pause between a learner's publishes")
     parser.add_argument("--durable-every", type=int, default=5, help="about one publish in this many is durable")
+    parser.add_argument("--race-every", type=int, default=10,
+                        help="about one non-durable publish in this many is deleted at once")
     parser.add_argument("--read-gap-ms", type=float, default=200.0, help="pause between a reader's reads")
     parser.add_argument("--fault-every-s", type=float, default=8.0, help="mean time between faults")
     parser.add_argument("--tensor-kib", type=int, default=256, help="snapshot size (above Ray's inline limit)")
@@ -539,6 +565,7 @@ def main() -> None:
         f"summary: durable lost {summary['durable_lost']} of {summary['durable_acked']}; non-durable lost "
         f"{summary['nondurable_lost']} of {summary['nondurable_acked']} ({summary['nondurable_unexplained']} "
         f"outside the bound); wrong reads {summary['wrong_reads']}; backwards {summary['backwards']}; "
+        f"deleted resurrected {summary['deleted_resurrected']} of {summary['racing_deletes']} racing deletes; "
         f"read success {summary['read_success']:.4f}, availability {summary['availability']:.4f}, longest stall "
         f"{summary['longest_stall_s']} s over {summary['reads']} reads",
     ]

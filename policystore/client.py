@@ -355,8 +355,8 @@ class PolicyStore:
             with staging.lock:
                 sid = self._publish_staged(session, staging, policy_id, weights, meta, durable)
         if sid is None:  # another node's store, no /dev/shm, or /dev/shm full: the snapshot travels by value
-            buf = pack(weights, policy_id=policy_id, meta=meta)
-            self._check_size(policy_id, len(buf))
+            alloc = self._sized(policy_id, functools.partial(np.empty, dtype=np.uint8))
+            buf = pack(weights, policy_id=policy_id, meta=meta, alloc=alloc)
             sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
         if sid.version <= session.seen.get(policy_id, 0):  # versions never repeat within one catalog
             session.renumbered(epoch="")
@@ -369,12 +369,11 @@ class PolicyStore:
         """Pack into this process's staging file and hand its name to the store (None: /dev/shm is full, publish
         by value). A publish that fails after the hand-over retires the file: the store may still be reading it."""
         try:
-            nbytes = len(pack(weights, policy_id=policy_id, meta=meta, alloc=staging.alloc))
+            nbytes = len(pack(weights, policy_id=policy_id, meta=meta, alloc=self._sized(policy_id, staging.alloc)))
         except OSError as exc:
             log.warning("policystore: staging in %s failed (%s); publishing by value", staging.path, exc)
             session.retire(staging)
             return None
-        self._check_size(policy_id, nbytes)
         try:
             return self._call(StoreServer.publish_staged, policy_id, str(staging.path), nbytes, durable,
                               idempotent=False)
@@ -382,12 +381,18 @@ class PolicyStore:
             session.retire(staging)
             raise
 
-    def _check_size(self, policy_id: str, nbytes: int) -> None:
-        if nbytes > self._hot_capacity:
-            raise SnapshotTooLargeError(
-                f"snapshot of {policy_id!r} is {nbytes} bytes, larger than the whole hot tier "
-                f"(hot_capacity_bytes={self._hot_capacity})"
-            )
+    def _sized(self, policy_id: str, alloc: Callable[[int], np.ndarray]) -> Callable[[int], np.ndarray]:
+        """``alloc`` for ``pack`` that refuses a snapshot larger than the hot tier before any memory (or staging
+        file) is grown for it."""
+        def checked(nbytes: int) -> np.ndarray:
+            if nbytes > self._hot_capacity:
+                raise SnapshotTooLargeError(
+                    f"snapshot of {policy_id!r} is {nbytes} bytes, larger than the whole hot tier "
+                    f"(hot_capacity_bytes={self._hot_capacity})"
+                )
+            return alloc(nbytes)
+
+        return checked
 
     # ---- read ----------------------------------------------------------------------------------------------
     def get(self, policy_id: str, version: int | None = None) -> Snapshot:
@@ -513,7 +518,7 @@ class PolicyStore:
 
     def verify(self, policy_id: str, version: int | None = None) -> VerifyReport:
         """Re-check the checksum recorded at publish on this node's copies and the durable tier's; raise
-        CorruptSnapshotError if one fails.
+        CorruptSnapshotError if one fails (a durable tier that does not answer is only reported, in ``problems``).
 
         Catches what the write guard cannot (raw writes through ``untyped_storage()``/``data_ptr()``). A corrupt
         shared-memory copy is dropped by the store and by this process, so the next get here serves the verified
@@ -522,7 +527,7 @@ class PolicyStore:
         check_policy_id(policy_id)
         session = self._live()
         report: VerifyReport = self._call(StoreServer.verify, policy_id, version)
-        if report.problems:
+        if False in (report.hot, report.disk, report.durable):
             if report.hot is False:
                 session.drop(report.id)
             raise CorruptSnapshotError("; ".join(report.problems))

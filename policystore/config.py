@@ -29,6 +29,9 @@ class StoreConfig:
     max_staleness_s: how old a reader's pushed view of the league may be before ``get(pid)`` of the latest version
         falls back to asking the store. A version committed more than this long before a ``get(pid)`` is never
         missed; 0 turns pushed reads of "latest" off.
+    durable_timeout_s: the longest the store waits for one call into the durable tier (a durable publish's upload,
+        a read, a delete) before it fails with DurableTierError naming the tier; background uploads that run
+        out of it are retried. Raise it for snapshots that take longer to upload on your link.
     """
 
     hot_capacity_bytes: int | None = None
@@ -39,6 +42,7 @@ class StoreConfig:
     max_concurrency: int = 16
     max_watchers: int = 64
     max_staleness_s: float = 1.0
+    durable_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("hot_capacity_bytes", "disk_capacity_bytes"):
@@ -52,6 +56,10 @@ class StoreConfig:
         staleness = self.max_staleness_s
         if isinstance(staleness, bool) or not isinstance(staleness, (int, float)) or not 0 <= staleness < 3600:
             raise ValueError(f"StoreConfig.max_staleness_s must be a number of seconds in [0, 3600), got {staleness!r}")
+        timeout = self.durable_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+            raise ValueError(f"StoreConfig.durable_timeout_s must be a number of seconds in (0, 86400], got "
+                             f"{timeout!r}")
 
     @property
     def poll_s(self) -> float:

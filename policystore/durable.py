@@ -14,6 +14,12 @@ A reader trusts only a marker, and verifies the data object against it (size, th
 it read), so an upload that died halfway, or a data object without its marker, is never read as a snapshot.
 The markers alone describe the league: ``list_committed`` lets a fresh catalog rebuild every policy and version
 from the URI, with one listing and one small read per snapshot (no data is read).
+
+A delete leaves a tombstone, ``<root>/<policy_id>/<version:010d>.deleted.json``, before it removes the marker and
+the data, and it is never removed: an upload still in flight somewhere (a node spilling a copy in the background,
+a write that outlived its deadline) may commit the snapshot again after the delete, and the tombstone keeps it
+deleted for every reader and for any catalog rebuilt from the URI (such a write also undoes itself when it sees
+the tombstone).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import logging
 import os
 import posixpath
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -45,6 +52,7 @@ log = logging.getLogger(__name__)
 
 DATA_SUFFIX = ".safetensors"
 MARKER_SUFFIX = ".commit.json"
+TOMBSTONE_SUFFIX = ".deleted.json"
 LAYOUT = 1  # marker format version
 _TMP_PREFIX = ".tmp-"
 # Filesystems with an atomic rename get the marker through a temp name, so no reader ever sees a partial one;
@@ -103,11 +111,12 @@ class DurableTier:
             raise DurableTierError(f"durable_uri must be a non-empty string, got {uri!r}")
         if "://" not in uri:
             return cls(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri)), uri=uri)
+        shown = _without_credentials(uri)
         try:
             filesystem, root = pafs.FileSystem.from_uri(uri)
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise DurableTierError(f"cannot open durable_uri {uri!r}: {_first_line(exc)}") from None
-        return cls(filesystem, root, uri=uri)
+            raise DurableTierError(f"cannot open durable_uri {shown!r}: {_first_line(exc)}") from None
+        return cls(filesystem, root, uri=shown)
 
     # ---- layout --------------------------------------------------------------------------------------------
     def _folder(self, policy_id: str) -> str:
@@ -115,6 +124,9 @@ class DurableTier:
 
     def _marker_path(self, sid: SnapshotId) -> str:
         return posixpath.join(self._folder(sid.policy_id), f"{check_version(sid.version):010d}{MARKER_SUFFIX}")
+
+    def _tombstone_path(self, sid: SnapshotId) -> str:
+        return posixpath.join(self._folder(sid.policy_id), f"{check_version(sid.version):010d}{TOMBSTONE_SUFFIX}")
 
     # ---- writing -------------------------------------------------------------------------------------------
     def write(self, sid: SnapshotId, buf: np.ndarray, header: Header) -> None:
@@ -130,6 +142,8 @@ class DurableTier:
             raise InvalidWeightsError(f"{what}: buffer was packed for {header.metadata.get(META_POLICY)!r}")
         if len(buf) != header.nbytes:
             raise InvalidWeightsError(f"{what}: buffer is {len(buf)} bytes, its header describes {header.nbytes}")
+        if self.deleted(sid):
+            raise DurableTierError(f"{what} was deleted: it is never written again")
         existing = self._commit(sid)
         if existing is not None:
             if existing.checksum == header.checksum:
@@ -156,6 +170,8 @@ class DurableTier:
                             float(header.metadata.get(META_CREATED, 0)))
             committing = True
             _io(lambda: self._put_marker(sid, commit), f"commit {what}")
+            if self.deleted(sid):  # deleted while this write was under way: the tombstone wins
+                raise DurableTierError(f"{what} was deleted while it was being written: undone")
         except BaseException:
             self._undo(sid, path, committing)
             raise
@@ -192,8 +208,10 @@ class DurableTier:
         return actual
 
     def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:
-        final = self._marker_path(sid)
-        body = json.dumps(asdict(commit), sort_keys=True).encode()
+        self._put_small(self._marker_path(sid), json.dumps(asdict(commit), sort_keys=True).encode())
+
+    def _put_small(self, final: str, body: bytes) -> None:
+        """Write a small object whole (through a temp name where the filesystem renames atomically)."""
         target = final
         if self._renames:
             target = posixpath.join(posixpath.dirname(final), f"{_TMP_PREFIX}{uuid.uuid4().hex}")
@@ -206,8 +224,15 @@ class DurableTier:
 
     # ---- reading -------------------------------------------------------------------------------------------
     def find(self, sid: SnapshotId) -> bool:
-        """Whether ``sid`` is committed here (its marker exists and is sound; the data is checked on read)."""
-        return self._commit(sid) is not None
+        """Whether ``sid`` is committed here (its marker exists and is sound, and it was never deleted; the data
+        is checked on read)."""
+        return self._commit(sid) is not None and not self.deleted(sid)
+
+    def deleted(self, sid: SnapshotId) -> bool:
+        """Whether ``sid`` has a tombstone here (it was deleted, and is never served or written again)."""
+        path = self._tombstone_path(sid)
+        return _io(lambda: self.fs.get_file_info(path),
+                   f"check whether {sid} was deleted ({path})").type == pafs.FileType.File
 
     def read(self, sid: SnapshotId, expect: Expectation | None = None) -> np.ndarray:
         """The committed snapshot's bytes, verified against its marker (and ``expect``, the catalog's record).
@@ -217,8 +242,8 @@ class DurableTier:
         """
         what = f"{sid} (durable tier {self.uri})"
         commit = self._commit(sid)
-        if commit is None:
-            raise SnapshotLostError(f"{what} is not committed")
+        if commit is None or self.deleted(sid):
+            raise SnapshotLostError(f"{what} is not committed" if commit is None else f"{what} was deleted")
         if expect is not None and (
             (expect.policy_id, expect.version) != tuple(sid) or expect.checksum != commit.checksum
         ):
@@ -253,24 +278,37 @@ class DurableTier:
         This is how a fresh catalog learns the league from the URI: summaries have the fields of
         ``wire.Summary``. Unreadable or inconsistent markers are logged and skipped, never raised.
         """
-        selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
-        infos = _io(lambda: self.fs.get_file_info(selector), f"list {self.uri}")
         found = []
-        for info in infos:
-            sid = self._marker_id(info)
-            if sid is None:
-                continue
+        for sid in sorted(self.committed_ids()):
             commit = self._commit(sid)
             if commit is not None:
                 found.append((sid, commit.summary()))
         return sorted(found, key=lambda item: item[0])
 
-    def _marker_id(self, info: pafs.FileInfo) -> SnapshotId | None:
-        """The snapshot a listed object is the marker of, if it is one (in a valid policy folder)."""
-        if info.type != pafs.FileType.File or not info.base_name.endswith(MARKER_SUFFIX):
+    def committed_ids(self) -> set[SnapshotId]:
+        """The snapshots with a commit marker and no tombstone, from one listing (no marker is read)."""
+        marked, deleted = self._listing()
+        return marked - deleted
+
+    def deleted_ids(self) -> set[SnapshotId]:
+        """The snapshots with a tombstone: deleted, their numbers used (a catalog rebuilt from the URI must number
+        new versions past them, or their uploads would be refused)."""
+        return self._listing()[1]
+
+    def _listing(self) -> tuple[set[SnapshotId], set[SnapshotId]]:
+        """(snapshots with a marker, snapshots with a tombstone), from one listing."""
+        selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
+        infos = _io(lambda: self.fs.get_file_info(selector), f"list {self.uri}")
+        return ({sid for info in infos if (sid := self._marker_id(info)) is not None},
+                {sid for info in infos if (sid := self._marker_id(info, TOMBSTONE_SUFFIX)) is not None})
+
+    def _marker_id(self, info: pafs.FileInfo, suffix: str = MARKER_SUFFIX) -> SnapshotId | None:
+        """The snapshot a listed object is the marker (or, by ``suffix``, the tombstone) of, if it is one (in a
+        valid policy folder)."""
+        if info.type != pafs.FileType.File or not info.base_name.endswith(suffix):
             return None
         policy_id = posixpath.basename(posixpath.dirname(info.path))
-        stem = info.base_name[: -len(MARKER_SUFFIX)]
+        stem = info.base_name[: -len(suffix)]
         if posixpath.dirname(posixpath.dirname(info.path)) != self.root or not stem.isdigit():
             return None
         try:
@@ -306,11 +344,15 @@ class DurableTier:
 
     # ---- removal -------------------------------------------------------------------------------------------
     def remove(self, sid: SnapshotId) -> None:
-        """Uncommit ``sid`` (marker first), then delete its data objects, including leftovers of failed writes."""
+        """Delete ``sid`` for good: its tombstone first, then its marker, then its data objects (leftovers of
+        failed writes included)."""
+        body = json.dumps({"policy_id": sid.policy_id, "version": sid.version, "deleted": time.time()}).encode()
+        folder = self._folder(sid.policy_id)
+        _io(lambda: self.fs.create_dir(folder, recursive=True), f"create {folder} for the tombstone of {sid}")
+        _io(lambda: self._put_small(self._tombstone_path(sid), body), f"write the tombstone of {sid} to {self.uri}")
         marker = self._marker_path(sid)
         if not self._delete_quietly(marker):
             raise DurableTierError(f"could not remove the commit marker {marker} of {sid} from {self.uri}")
-        folder = self._folder(sid.policy_id)
         selector = pafs.FileSelector(folder, allow_not_found=True)
         prefix = f"{sid.version:010d}."
         for info in _io(lambda: self.fs.get_file_info(selector), f"list {folder}"):
@@ -348,6 +390,13 @@ def _sync_local(filesystem: pafs.FileSystem, path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _without_credentials(uri: str) -> str:
+    """``uri`` as it may be shown in errors and logs: ``s3://key:secret@bucket/...`` loses ``key:secret@``."""
+    scheme, _, rest = uri.partition("://")
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
 
 
 def _first_line(exc: BaseException) -> str:

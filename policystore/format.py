@@ -8,7 +8,7 @@ starts aligned to its own element size and can be viewed in place.
 ``__metadata__`` carries the policystore fields: a checksum (recorded once, at pack time, and re-checked on restore
 and by ``verify``), the user's meta as one JSON string, the policy id and the creation time. The checksum is
 CRC-32C (``crc32c:xxxxxxxx``, hardware speed) over the tensor index, the metadata present at pack time and the
-data; buffers and files written with ``crc32:xxxxxxxx`` (zlib CRC-32 over the index and the data) still verify.
+data; a buffer recording any other checksum does not verify.
 Nothing here is pickled, and this module needs no torch: headers parse with numpy alone (the store and catalog
 actors hold bytes and names only); torch is imported where torch tensors are packed or viewed.
 """
@@ -21,7 +21,6 @@ import queue
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -63,7 +62,6 @@ META_CREATED = "policystore.created"
 META_VERSION = "policystore.version"  # added by the disk tier when it writes a file; not covered by the checksum
 UNSIGNED_META = frozenset({META_CHECKSUM, META_VERSION})
 CRC32C = "crc32c"
-_LEGACY_CRC32 = "crc32"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors limit
 MAX_META_BYTES = 64 * 1024  # the user's meta as JSON
 MAX_META_DEPTH = 16
@@ -453,14 +451,8 @@ def iter_data(header: Header, buf: np.ndarray | memoryview) -> Iterator[memoryvi
 
 
 def checksum_of(header: Header, chunks: Iterator[memoryview | bytes]) -> str:
-    """The checksum of the algorithm ``header`` records (CRC-32C for everything packed now; zlib CRC-32 for older
-    buffers) over what that algorithm covers, then the data: catches flipped bytes, renamed or reshaped tensors,
-    and (CRC-32C) changed metadata."""
-    if header.checksum.startswith(_LEGACY_CRC32 + ":"):
-        crc = zlib.crc32(header.index_bytes())
-        for chunk in chunks:
-            crc = zlib.crc32(chunk, crc)
-        return f"{_LEGACY_CRC32}:{crc:08x}"
+    """CRC-32C over the tensor index, the metadata set at pack time, then the data: catches flipped bytes,
+    renamed or reshaped tensors and changed metadata."""
     crc = crc32c.crc32c(header.signed_bytes())
     for chunk in chunks:
         crc = crc32c.crc32c(chunk, crc)

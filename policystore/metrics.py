@@ -19,6 +19,7 @@ GAUGES: dict[str, str] = {
     "disk_bytes": "Bytes of snapshot files in this node's spill folder.",
     "hot_snapshots": "Snapshots held in shared memory on this node.",
     "disk_snapshots": "Snapshots with a committed spill file on this node.",
+    "durable_pending": "Snapshots on this node's disk still waiting for their durable upload (queued or retrying).",
 }
 COUNTERS: dict[str, str] = {
     "hits": "Reads the store answered from a copy already in shared memory.",
@@ -28,6 +29,7 @@ COUNTERS: dict[str, str] = {
     "fetches": "Snapshots copied from another node's store or the durable tier.",
     "publishes": "New snapshots published through this node's store.",
     "corrupt_reads": "Copies that failed their checksum or identity check and were refused.",
+    "durable_failures": "Failed calls into the durable tier from the upload queue (each is retried with backoff).",
 }
 HISTOGRAMS: dict[str, str] = {
     "get_latency": "Seconds the store took to hand out a snapshot (hit, restore or fetch).",

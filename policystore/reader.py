@@ -41,6 +41,7 @@ from .spill import (
 )
 
 MARKER_SUFFIX = ".commit.json"  # the durable tier's commit marker: the snapshot exists once this does
+TOMBSTONE_SUFFIX = ".deleted.json"  # ... unless it also has a tombstone: it was deleted
 _MAX_MARKER_BYTES = 1024 * 1024
 
 
@@ -169,7 +170,7 @@ class FolderReader:
                 raise ValueError(f"{path} is not a regular file")
             file = SpillFile(path, False, st.st_size)
             with self._open(path) as f:
-                header = read_header(f, file, sid)
+                header = read_header(f, file, sid, versioned=False)
             if header.checksum != expect.checksum:
                 raise CorruptSnapshotError(f"{sid}: {path} records {header.checksum}, its commit {expect.checksum}")
             return _Item(_info(sid, file, header), file, expect)
@@ -182,7 +183,8 @@ class FolderReader:
     def _read(self, item: _Item) -> np.ndarray:
         try:
             with self._open(item.file.path) as f:
-                buf, pending = load(f, item.file, item.info.id, str(item.info.id), item.expect)
+                buf, pending = load(f, item.file, item.info.id, str(item.info.id), item.expect,
+                                    versioned=item.expect is None)  # durable objects: their marker names them
             pending.wait()
             return buf
         except OSError as exc:
@@ -211,13 +213,17 @@ class FolderReader:
 
 
 def _markers(found: Survey) -> list[tuple[SnapshotId, Path]]:
-    """Durable commit markers among the files the spill survey left alone."""
-    out = []
-    for path in found.others:
-        stem = path.name.removesuffix(MARKER_SUFFIX)
-        if path.name.endswith(MARKER_SUFFIX) and stem.isdigit() and len(stem) == 10 and int(stem) > 0:
-            out.append((SnapshotId(path.parent.name, int(stem)), path))
-    return out
+    """Durable commit markers among the files the spill survey left alone, less those of deleted snapshots."""
+    def named(suffix: str) -> dict[SnapshotId, Path]:
+        out = {}
+        for path in found.others:
+            stem = path.name.removesuffix(suffix)
+            if path.name.endswith(suffix) and stem.isdigit() and len(stem) == 10 and int(stem) > 0:
+                out[SnapshotId(path.parent.name, int(stem))] = path
+        return out
+
+    deleted = named(TOMBSTONE_SUFFIX)
+    return [(sid, path) for sid, path in named(MARKER_SUFFIX).items() if sid not in deleted]
 
 
 def _info(sid: SnapshotId, file: SpillFile, header: Header) -> FileInfo:

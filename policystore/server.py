@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,7 @@ from .errors import (
     DurableTierError,
     InvalidOptionError,
     InvalidWeightsError,
+    PolicyStoreError,
     SnapshotLostError,
     SnapshotTooLargeError,
     UnknownPolicyError,
@@ -48,7 +49,7 @@ from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
 from .metrics import COUNTERS, StoreMetrics
 from .protect import open_shared, shareable
-from .spill import DiskTier, Expected, SpillFile
+from .spill import TOMBSTONES, DiskTier, Expected, SpillFile
 from .staging import StagingMaps
 from .watch import Feed
 from .wire import (
@@ -65,6 +66,7 @@ from .wire import (
 
 if TYPE_CHECKING:
     from .durable import DurableTier
+    from .durable_queue import DurableQueue
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,16 @@ def _open_durable(uri: str | None) -> DurableTier | None:
     from .durable import DurableTier
 
     return DurableTier.open(uri)
+
+
+def _open_queue(server: StoreServer) -> DurableQueue | None:
+    """The durable tier's work queue, which owns every call into the tier (None without a durable tier)."""
+    if server.durable is None:
+        return None
+    from .durable_queue import DurableQueue
+
+    return DurableQueue(server.durable, server.config.durable_timeout_s, server.disk.root / TOMBSTONES,
+                        source=server._upload_source, uploaded=server._uploaded, local=server._local_ids)
 
 
 def _node_object_store_bytes(node_id: str) -> int:
@@ -144,6 +156,7 @@ class StoreServer:
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="policystore-spill")
         self._counters: Counter[str] = Counter()
+        self.uploads = _open_queue(self)
         for found in self.disk.scan().entries:
             self._policies.setdefault(found.id.policy_id, {})[found.id.version] = _Entry(found.header, found.file)
         # Tell the catalog what survived on disk, without blocking startup on another actor.
@@ -167,6 +180,8 @@ class StoreServer:
                 self.hot.remove(sid)
             if entry is not None and entry.file is not None:
                 self.disk.quarantine(entry.file, reason)
+        if self.uploads is not None:  # what survived here and never reached the durable tier goes there now
+            self.uploads.resume()
 
     # ---- push ----------------------------------------------------------------------------------------------
     def _follow_catalog(self) -> None:
@@ -252,11 +267,17 @@ class StoreServer:
         Non-durable: one catalog call (``publish``) after the copy. Durable: ``reserve``, fsync'd files, the copy,
         then ``commit``. Killed anywhere before the commit, the version is never visible: complete or absent.
         """
+        with self._timed("publish_latency"):
+            return self._publish_timed(policy_id, buf, durable)
+
+    @contextmanager
+    def _landing(self, policy_id: str) -> Iterator[None]:
+        """A publish of ``policy_id`` between its catalog commit and recording its copy here: gets of a version
+        this store does not know wait for it (and only for that: never while a durable upload is under way)."""
         with self._lock:
             self._publishing[policy_id] += 1
         try:
-            with self._timed("publish_latency"):
-                return self._publish_timed(policy_id, buf, durable)
+            yield
         finally:
             with self._lock:
                 self._publishing[policy_id] -= 1
@@ -281,44 +302,50 @@ class StoreServer:
             committed = self._disk_bytes_locked()
         self.disk.check_room(header.nbytes, committed, pending, what)
         entry = _Entry(header)
-        if durable:
-            sid = SnapshotId(policy_id, ray.get(self.catalog.reserve.remote(policy_id, self.node_id)))
-            try:
-                entry.file = self.disk.commit(self.disk.write_temp(sid, buf, header), sid)
+        with ExitStack() as landing:
+            if durable:
+                sid = SnapshotId(policy_id, ray.get(self.catalog.reserve.remote(policy_id, self.node_id)))
+                try:
+                    entry.file = self.disk.commit(self.disk.write_temp(sid, buf, header), sid)
+                    if self.uploads is not None:
+                        self.uploads.call(lambda: self.durable.write(sid, buf, header), f"commit {sid}")
+                    ref = ray.put(shareable(buf))  # the store's own copy: it must outlive the publisher
+                    landing.enter_context(self._landing(policy_id))
+                    ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, True)))
+                except BaseException:
+                    if entry.file is not None:
+                        self.disk.remove(entry.file)
+                    if self.uploads is not None:  # in the background: the tier may be what failed
+                        self.uploads.tombstone(sid)
+                    self.catalog.abort.remote(policy_id, sid.version)
+                    raise
                 if self.durable is not None:
-                    self.durable.write(sid, buf, header)
-                ref = ray.put(shareable(buf))  # the store's own copy: it must outlive the publisher
-                ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, True)))
-            except BaseException:
-                if entry.file is not None:
-                    self.disk.remove(entry.file)
-                self._remove_durable(sid)
-                self.catalog.abort.remote(policy_id, sid.version)
-                raise
-            if self.durable is not None:
-                self.catalog.hold.remote(policy_id, sid.version, DURABLE)
-        else:
-            ref = ray.put(shareable(buf))
-            sid = ray.get(self.catalog.publish.remote(policy_id, self.node_id, _summary(header, False))).id
-        with self._lock:
-            self._policies.setdefault(policy_id, {})[sid.version] = entry
-            self._landed.notify_all()
-            self.hot.add(sid, ref, header.nbytes, _head(buf))
-            self.feed.raise_latest(*sid)
-            self._count("publishes")
-            if not durable:
-                entry.pending = self._writer.submit(self._spill, sid, entry, ref)
+                    self.catalog.hold.remote(policy_id, sid.version, DURABLE)
+            else:
+                ref = ray.put(shareable(buf))
+                landing.enter_context(self._landing(policy_id))
+                sid = ray.get(self.catalog.publish.remote(policy_id, self.node_id, _summary(header, False))).id
+            with self._lock:
+                self._policies.setdefault(policy_id, {})[sid.version] = entry
+                self._landed.notify_all()
+                self.hot.add(sid, ref, header.nbytes, _head(buf))
+                self.feed.raise_latest(*sid)
+                self._count("publishes")
+                if not durable:
+                    entry.pending = self._writer.submit(self._spill, sid, entry, ref)
         self._evict(protect=sid)
         return sid
 
     def _spill(self, sid: SnapshotId, entry: _Entry, ref: ray.ObjectRef) -> None:
-        """Background write of a non-durable publish or a fetched copy; eviction waits for it."""
+        """Background write of a non-durable publish or a fetched copy to this node's disk; eviction waits for it.
+        It never waits for the durable tier: once the file is committed, its upload is queued."""
+        with self._lock:
+            if self._policies.get(sid.policy_id, {}).get(sid.version) is not entry:  # deleted before its turn
+                entry.pending = None
+                return
         buf = open_shared(ray.get(ref))
         try:
             temp = self.disk.write_temp(sid, buf, entry.header)
-            if self.durable is not None and not self.durable.find(sid):
-                self.durable.write(sid, buf, entry.header)
-                self.catalog.hold.remote(sid.policy_id, sid.version, DURABLE)
         except CorruptSnapshotError as exc:
             log.error("%s", exc)
             with self._lock:
@@ -331,12 +358,38 @@ class StoreServer:
                 entry.spill_error, entry.pending = str(exc), None
                 self._count("spill_errors")
             return
+        finally:
+            del buf
         with self._lock:
-            if self._policies.get(sid.policy_id, {}).get(sid.version) is not entry:  # deleted meanwhile
+            current = self._policies.get(sid.policy_id, {}).get(sid.version) is entry
+            if not current:  # deleted meanwhile
                 self.disk.discard(temp)
             else:
-                entry.file = self.disk.commit(temp, sid)
+                entry.file, entry.spill_error = self.disk.commit(temp, sid), None
             entry.pending = None
+        if current and self.uploads is not None:
+            self.uploads.upload(sid)
+
+    def _upload_source(self, sid: SnapshotId) -> tuple[np.ndarray, Header] | None:
+        """This node's verified bytes of ``sid`` for its durable upload (from its spill file), None if gone."""
+        with self._lock:
+            entry = self._policies.get(sid.policy_id, {}).get(sid.version)
+            file = entry.file if entry is not None else None
+        if file is None:
+            return None
+        try:
+            buf = self.disk.read(file, f"{sid} (for its durable upload)", expect=Expected(*sid, entry.header.checksum))
+        except CorruptSnapshotError as exc:  # damaged (now quarantined) or gone: the next get heals it
+            self._lost_file(entry, file, exc)
+            raise
+        return buf, parse_header(buf, name=str(sid))
+
+    def _uploaded(self, sid: SnapshotId) -> None:
+        self.catalog.hold.remote(sid.policy_id, sid.version, DURABLE)
+
+    def _local_ids(self) -> list[SnapshotId]:
+        with self._lock:
+            return [sid for sid, e in self._items_locked() if e.file is not None]
 
     def _evict(self, protect: SnapshotId) -> None:
         """Drop least-recently-used hot copies (already on disk) until the hot tier fits its capacity."""
@@ -421,12 +474,32 @@ class StoreServer:
         return found()
 
     def _restore(self, sid: SnapshotId, entry: _Entry) -> HotSnapshot:
-        if entry.file is None:
-            raise SnapshotLostError(f"{sid} is neither in memory nor on this node's disk ({entry.spill_error})")
+        """This node's copy back into shared memory from its spill file; if the file is damaged or gone, healed
+        from another good copy (another node, the durable tier), which becomes this node's copy."""
+        file = entry.file
+        damaged: CorruptSnapshotError | None = None
+        if file is not None:
+            try:
+                return self._restore_file(sid, entry, file)
+            except CorruptSnapshotError as exc:  # quarantined (damaged) or unreadable: never served from here
+                damaged = exc
+                self._lost_file(entry, file, exc)
+        try:
+            hot = self._fetch(sid, ray.get(self.catalog.lookup.remote(*sid)))
+        except PolicyStoreError as exc:
+            if damaged is not None:
+                raise CorruptSnapshotError(f"{damaged}; no other good copy: {exc}") from None
+            raise SnapshotLostError(f"{sid} is neither in memory nor on this node's disk "
+                                    f"({entry.spill_error or 'its file is gone'}); {exc}") from None
+        if damaged is not None:
+            log.warning("healed %s from another copy after its spill file failed: %s", sid, damaged)
+        return hot
+
+    def _restore_file(self, sid: SnapshotId, entry: _Entry, file: SpillFile) -> HotSnapshot:
         expect = Expected(*sid, entry.header.checksum)  # checked against the catalog's at startup (reconcile)
         try:  # the checksum runs while the copy into the object store does
             with self._timed("restore_latency"):
-                hot = self.disk.restore(entry.file, str(sid), expect=expect,
+                hot = self.disk.restore(file, str(sid), expect=expect,
                                         put=lambda buf: HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))]))
         except CorruptSnapshotError:
             with self._lock:
@@ -437,6 +510,13 @@ class StoreServer:
                 self.hot.add(sid, hot.refs[0], entry.nbytes, hot.header)
             self._count("restores")
         return hot
+
+    def _lost_file(self, entry: _Entry, file: SpillFile, exc: CorruptSnapshotError) -> None:
+        """``file`` failed a read (and was quarantined if damaged): this node no longer counts it as a copy."""
+        with self._lock:
+            if entry.file == file:
+                entry.file = None
+                entry.spill_error = str(exc)
 
     def _fetch(self, sid: SnapshotId, info: CatalogEntry) -> HotSnapshot:
         """Copy a snapshot this node lacks from a node that holds it (or the durable tier): once per node."""
@@ -453,12 +533,16 @@ class StoreServer:
             except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
                 problems.append(f"node {holder}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 buf = None
-        if buf is None and self.durable is not None and self.durable.find(sid):
-            buf = self.durable.read(sid, Expected(*sid, info.summary.checksum))
+        if buf is None and self.uploads is not None:
+            expect = Expected(*sid, info.summary.checksum)
+            try:
+                buf = self.uploads.call(lambda: self.durable.read(sid, expect), f"read {sid}")
+            except (SnapshotLostError, DurableTierError, CorruptSnapshotError) as exc:
+                problems.append(f"durable tier: {str(exc).splitlines()[0][:300]}")
         if buf is None:
             raise SnapshotLostError(
                 f"{sid} is in the catalog but no live copy could be fetched "
-                f"(holders {list(info.holders)}; {'; '.join(problems) or 'no durable tier'})"
+                f"(holders {list(info.holders) or 'none'}; {'; '.join(problems) or 'no durable tier'})"
             )
         header = parse_header(buf, name=str(sid))
         if header.checksum != info.summary.checksum:
@@ -513,6 +597,9 @@ class StoreServer:
                 pending_spills=sum(e.pending is not None for e in entries),
                 watchers=self.feed.watchers,
                 quarantined=tuple(self.disk.quarantined()),
+                durable_pending=self.uploads.pending() if self.uploads is not None else 0,
+                durable_failures=self.uploads.failures if self.uploads is not None else 0,
+                durable_error=self.uploads.last_error if self.uploads is not None else None,
                 **{k: self._counters[k] for k in (
                     "hits", "misses", "evictions", "restores", "fetches", "publishes", "spill_errors", "corrupt_reads"
                 )},
@@ -530,10 +617,10 @@ class StoreServer:
             sid = entry.id
             self.forget(*sid)
             self.feed.deleted(sid)
+            if self.uploads is not None:  # whether or not it got there yet: an upload may be on its way
+                self.uploads.tombstone(sid)
             for holder in entry.holders:
-                if holder == DURABLE:
-                    self._remove_durable(sid)
-                elif holder not in (DURABLE, self.node_id):
+                if holder not in (DURABLE, self.node_id):
                     try:
                         peers.append(ray.get_actor(store_name(holder), namespace=NAMESPACE).forget.remote(*sid))
                     except ValueError:
@@ -541,15 +628,21 @@ class StoreServer:
         if removed:
             self.feed.set_latest(policy_id, self._catalog_latest(policy_id))
         ray.wait(peers, num_returns=len(peers), timeout=30)
+        if self.uploads is not None and not self.uploads.settled([e.id for e in removed]):
+            log.error("the durable tier %s has not taken the tombstones of %s yet (retrying in the background; a "
+                      "catalog rebuilt from it before then would list them): %s", self.durable.uri,
+                      [str(e.id) for e in removed], self.uploads.last_error)
         return [e.id for e in removed]
 
     def forget(self, policy_id: str, version: int) -> None:
-        """Drop this node's copies of one snapshot (memory and disk)."""
+        """Drop this node's copies of one snapshot (memory and disk) and its queued spill and upload."""
         with self._lock:
             entry = self._policies.get(policy_id, {}).pop(version, None)
             self.hot.remove(SnapshotId(policy_id, version))
             if policy_id in self._policies and not self._policies[policy_id]:
                 del self._policies[policy_id]
+        if self.uploads is not None:
+            self.uploads.cancel(SnapshotId(policy_id, version))
         if entry is not None and entry.file is not None:
             self.disk.remove(entry.file)
 
@@ -557,7 +650,9 @@ class StoreServer:
         """Re-check the recorded checksum on this node's copies (memory, disk) and the durable tier's.
 
         A corrupt hot copy is dropped (``healed``), so the next get restores the verified disk copy (readers that
-        already hold views keep what they have; the client that called verify drops its own).
+        already hold views keep what they have; the client that called verify drops its own). A damaged spill file
+        is quarantined and written again from the good hot copy, or (``healed``) replaced from another good copy
+        by the next get. A durable tier that does not answer in ``durable_timeout_s`` is reported, not waited for.
         """
         info: CatalogEntry = ray.get(self.catalog.lookup.remote(policy_id, version))
         sid = info.id
@@ -573,8 +668,10 @@ class StoreServer:
         expect = Expected(*sid, info.summary.checksum)
         if file is not None:
             checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)", expect=expect), None))
-        if self.durable is not None and self.durable.find(sid):
-            checks.append(("durable", lambda: self.durable.read(sid, expect), None))
+        if self.uploads is not None:
+            checks.append(("durable", lambda: self.uploads.call(lambda: self.durable.read(sid, expect),
+                                                                f"read {sid}"), None))
+        failed: dict[str, CorruptSnapshotError] = {}
         for name, load, what in checks:
             try:
                 buf = load()
@@ -583,9 +680,17 @@ class StoreServer:
                 if header.checksum != info.summary.checksum:
                     raise CorruptSnapshotError(f"{sid} ({name} copy): checksum differs from the catalog's")
                 found[name] = True
+            except SnapshotLostError:  # not committed in the durable tier (yet)
+                pass
+            except DurableTierError as exc:  # down or hanging: nothing learned about the copy
+                problems.append(str(exc))
             except CorruptSnapshotError as exc:
                 found[name] = False
+                failed[name] = exc
                 problems.append(str(exc))
+        if entry is not None and hot is None and file is None and entry.spill_error and found["durable"] is not True:
+            found["disk"] = False  # its file failed a read before (quarantined or gone) and nothing replaced it
+            problems.append(entry.spill_error)
         healed = False
         if found["hot"] is False:
             with self._lock:
@@ -593,6 +698,13 @@ class StoreServer:
                 healed = found["disk"] is True or found["durable"] is True
                 if not healed and entry is not None:
                     entry.corrupt = problems[0]
+        if found["disk"] is False and entry is not None and file is not None:
+            self._lost_file(entry, file, failed["disk"])
+            healed = healed or found["durable"] is True or found["hot"] is True
+            if found["hot"] is True:
+                with self._lock:
+                    if entry.pending is None and self._policies.get(policy_id, {}).get(sid.version) is entry:
+                        entry.pending = self._writer.submit(self._spill, sid, entry, hot.refs[0])
         return VerifyReport(sid, found["hot"], found["disk"], found["durable"], tuple(problems), healed)
 
     def flush(self, used: Sequence[SnapshotId] = ()) -> int:
@@ -622,28 +734,24 @@ class StoreServer:
             self.metrics.observe(histogram, time.perf_counter() - start)
 
     def _every_few_seconds(self) -> None:
-        """Export the tiers' sizes (Ray's metrics agent scrapes on its own interval), and let go of the staging
-        files of publishers that are gone (their pages stay allocated while this store maps them)."""
+        """Export the tiers' sizes and the durable backlog (Ray's metrics agent scrapes on its own interval), and
+        let go of the staging files of publishers that are gone (their pages stay allocated while this store maps
+        them)."""
+        reported_failures = 0
         while True:
             self._staging.sweep()
             with self._lock:
                 entries = [e for _, e in self._items_locked()]
                 values = {"hot_bytes": self.hot.bytes, "hot_snapshots": len(self.hot),
                           "disk_bytes": self._disk_bytes_locked(),
-                          "disk_snapshots": sum(e.file is not None for e in entries)}
+                          "disk_snapshots": sum(e.file is not None for e in entries),
+                          "durable_pending": self.uploads.pending() if self.uploads is not None else 0}
             self.metrics.set_gauges(**values)
+            failures = self.uploads.failures if self.uploads is not None else 0
+            if failures > reported_failures:
+                self.metrics.count("durable_failures", failures - reported_failures)
+                reported_failures = failures
             time.sleep(_GAUGE_INTERVAL_S)
-
-    def _remove_durable(self, sid: SnapshotId) -> None:
-        """Uncommit and delete ``sid`` in the durable tier; a storage error is logged (the catalog no longer lists
-        it, and a fresh catalog adopting the tier would bring it back: say so loudly)."""
-        if self.durable is None:
-            return
-        try:
-            self.durable.remove(sid)
-        except DurableTierError as exc:
-            log.error("could not remove %s from the durable tier (a catalog rebuilt from it would list it): %s",
-                      sid, exc)
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------------------
     def _items_locked(self) -> list[tuple[SnapshotId, _Entry]]:

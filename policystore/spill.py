@@ -56,6 +56,7 @@ RAW_SUFFIX = ".safetensors"
 LZ4_SUFFIX = ".safetensors.lz4"
 META_VERSION = "policystore.version"  # recorded by the writer; not covered by the checksum
 QUARANTINE = ".quarantine"  # not a valid policy id, so it never clashes with a policy's folder
+TOMBSTONES = ".tombstones"  # deletes the durable tier has not taken yet (durable_queue.py), for a restarted store
 CATALOG_PREFIX = "_catalog"  # the catalog's database (and any damaged copy set aside) may share the spill root
 MAX_LZ4_RATIO = 32  # an lz4 file may claim at most this many bytes per stored byte (the writer keeps to it)
 _LZ4_FLOOR = 1024 * 1024  # ... or this much, for tiny files
@@ -180,7 +181,7 @@ def survey(root: Path, root_fd: int, policy_id: str | None = None, *, owner: int
     """
     found = Survey()
     for name in sorted(os.listdir(root_fd)) if policy_id is None else [policy_id]:
-        if name == QUARANTINE or name.startswith(CATALOG_PREFIX):
+        if name in (QUARANTINE, TOMBSTONES) or name.startswith(CATALOG_PREFIX):
             continue
         where = root / name
         try:
@@ -234,8 +235,9 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int, 
 
 
 # ---- reading (shared with reader.py) -------------------------------------------------------------------------
-def read_header(f: BinaryIO, file: SpillFile, sid: SnapshotId) -> Header:
-    """Parse a file's header (bounded reads; only the first frames of an lz4 file) and check it is ``sid``."""
+def read_header(f: BinaryIO, file: SpillFile, sid: SnapshotId, *, versioned: bool = True) -> Header:
+    """Parse a file's header (bounded reads; only the first frames of an lz4 file) and check it is ``sid``
+    (``versioned``: see ``check_identity``)."""
     what = str(sid)
     if file.compressed:
         total = _lz4_claimed_size(f, file.file_bytes, what)
@@ -246,18 +248,20 @@ def read_header(f: BinaryIO, file: SpillFile, sid: SnapshotId) -> Header:
         head = f.read(8)
         head += f.read(_header_len(head, total, what))
     header = parse_header(head, name=what, total=total)
-    check_identity(header, sid, None, what)
+    check_identity(header, sid, None, what, versioned=versioned)
     return header
 
 
-def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, what: str) -> None:
-    """CorruptSnapshotError unless the header is ``sid`` (policy id and, if recorded, version) with the
-    checksum the catalog recorded. A file written before versions were recorded passes on policy and checksum."""
+def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, what: str, *,
+                   versioned: bool = True) -> None:
+    """CorruptSnapshotError unless the header is ``sid`` (the policy id and the version the disk tier recorded)
+    with the checksum the catalog recorded. ``versioned=False``: a buffer that need not record its version (one
+    about to be written, or a durable data object, which its commit marker names), but if it does, it must match."""
     inside = header.metadata.get(META_POLICY)
     if inside != sid.policy_id:
         raise CorruptSnapshotError(f"{what}: the file holds a snapshot of policy {inside!r}, not {sid.policy_id!r}")
     version = header.metadata.get(META_VERSION)
-    if version is not None and version != str(sid.version):
+    if version != str(sid.version) and (versioned or version is not None):
         raise CorruptSnapshotError(f"{what}: the file holds version {version!r}, not {sid.version}")
     if expect is not None and header.checksum != expect.checksum:
         raise CorruptSnapshotError(
@@ -265,8 +269,8 @@ def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, wha
         )
 
 
-def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expected | None
-         ) -> tuple[np.ndarray, Pending]:
+def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expected | None, *,
+         versioned: bool = True) -> tuple[np.ndarray, Pending]:
     """The file's snapshot buffer, and its checksum check (see DiskTier.read); ``Pending.wait()`` before use.
 
     A raw file is mapped read-only and read in by the map call; a large one's checksum then runs on a helper
@@ -282,7 +286,7 @@ def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expec
             return _lz4_read_verified(f, file, sid, what, expect), Pending()
         buf = _map_readonly(f)
         header = _parse(buf, what, len(buf))
-        check_identity(header, sid, expect, what)
+        check_identity(header, sid, expect, what, versioned=versioned)
         return buf, Pending(buf, header, what)
     except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
         raise CorruptSnapshotError(f"{what}: not a valid lz4 frame ({exc})") from None
@@ -517,7 +521,8 @@ class DiskTier:
         """Write ``buf`` (with ``sid``'s version added to its header) to a fsync'd temp file next to its final
         place; the checksum is recomputed on the way, so a copy changed after publish is never written."""
         what = what or str(sid)
-        check_identity(header, sid, None, f"{what} (while spilling)")  # never relabel another snapshot's bytes
+        # never relabel another snapshot's bytes
+        check_identity(header, sid, None, f"{what} (while spilling)", versioned=False)
         head = _versioned_head(buf, header, sid.version)
         total = len(head) + header.nbytes - header.data_offset
         compressed = self.compress and _worth_compressing(buf)

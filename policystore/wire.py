@@ -131,6 +131,9 @@ class StoreStats:
     spill_errors: int
     corrupt_reads: int
     quarantined: tuple[QuarantineRecord, ...] = ()
+    durable_pending: int = 0  # snapshots on this node's disk whose durable upload is queued or retrying
+    durable_failures: int = 0  # failed calls into the durable tier (uploads, tombstones) since the store started
+    durable_error: str | None = None  # the last of them, until a call succeeds again
 
     def __getitem__(self, name: str) -> Any:  # stats()["hits"] keeps working for scripts written against dicts
         return getattr(self, name)
@@ -148,7 +151,7 @@ class VerifyReport:
     disk: bool | None
     durable: bool | None
     problems: tuple[str, ...] = ()
-    healed: bool = False  # a damaged hot copy was dropped and will be restored from a good copy on the next get
+    healed: bool = False  # a damaged copy was dropped; a good copy (another tier, node or the durable tier) replaces it
 
     @property
     def ok(self) -> bool:

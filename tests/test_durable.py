@@ -3,16 +3,22 @@
 
 import functools
 import json
+import os
 import pickle
+import signal
 import socket
 import threading
+import time
 from collections import namedtuple
 
 import numpy as np
 import pyarrow.fs as pafs
 import pytest
+import ray
 import torch
 
+import policystore
+from policystore.config import NAMESPACE, store_name
 from policystore.durable import MARKER_SUFFIX, DurableTier, list_committed
 from policystore.errors import (
     CorruptSnapshotError,
@@ -20,6 +26,7 @@ from policystore.errors import (
     InvalidWeightsError,
     PolicyStoreError,
     SnapshotLostError,
+    UnknownVersionError,
 )
 from policystore.format import pack, parse_header
 from policystore.ids import SnapshotId
@@ -144,8 +151,49 @@ def test_remove_uncommits_and_deletes_leftovers(tmp_path):
     tier.remove(sid)
     assert not tier.find(sid)
     assert [s for s, _ in tier.list_committed()] == [SnapshotId("p", 20)]
-    assert sorted(p.name.split(".")[0] for p in (tmp_path / "p").iterdir()) == ["0000000020", "0000000020"]
+    assert sorted(p.name for p in (tmp_path / "p").iterdir() if not p.name.startswith("0000000020.")) == [
+        "0000000002.deleted.json"]  # only its tombstone is left
     tier.remove(sid)  # removing twice is fine
+
+
+@pytest.mark.parametrize("late", ["marker_kept", "write_after"])
+def test_a_tombstone_keeps_a_snapshot_deleted_whatever_lands_after_it(tmp_path, late):
+    """An upload still on its way when the snapshot is deleted (a node's background spill, a write past its
+    deadline) never brings it back: not to readers, not to a catalog rebuilt from the URI, not to open_folder."""
+    import policystore
+
+    tier = DurableTier.open(str(tmp_path))
+    sid, buf = SnapshotId("p", 3), _snapshot("p", seed=3)
+    if late == "marker_kept":  # a writer killed after its marker landed beside the tombstone
+        _write(tier, sid, buf)
+        marker = (tmp_path / "p" / f"0000000003{MARKER_SUFFIX}").read_bytes()
+        tier.remove(sid)
+        (tmp_path / "p" / f"0000000003{MARKER_SUFFIX}").write_bytes(marker)
+    else:
+        tier.remove(sid)
+        with pytest.raises(DurableTierError, match="deleted"):
+            _write(tier, sid, buf)
+    fresh = DurableTier.open(str(tmp_path))
+    assert not fresh.find(sid) and fresh.list_committed() == [] and fresh.committed_ids() == set()
+    assert fresh.deleted_ids() == {sid}
+    with pytest.raises(SnapshotLostError, match="deleted|not committed"):
+        fresh.read(sid)
+    assert policystore.open_folder(str(tmp_path)).list() == []
+
+
+def test_a_write_that_finds_its_snapshot_deleted_on_the_way_undoes_itself(tmp_path, monkeypatch):
+    tier = DurableTier.open(str(tmp_path))
+    sid, buf = SnapshotId("p", 4), _snapshot("p", seed=4)
+    put_marker = tier._put_marker
+
+    def deleted_meanwhile(*args):  # the delete lands between the data upload and the commit marker
+        DurableTier.open(str(tmp_path)).remove(sid)
+        put_marker(*args)
+
+    monkeypatch.setattr(tier, "_put_marker", deleted_meanwhile)
+    with pytest.raises(DurableTierError, match="deleted while"):
+        _write(tier, sid, buf)
+    assert [p.name for p in (tmp_path / "p").iterdir()] == ["0000000004.deleted.json"]
 
 
 # ---- S3: a real S3-compatible server on loopback (the s3_server fixture in conftest.py) ---------------------------
@@ -274,3 +322,269 @@ def test_s3_server_going_away_mid_upload(s3_server, big, upload_bytes, cut):
             direct.read(sid)
         _write(direct, sid, big)
     assert np.array_equal(DurableTier(_s3(s3_server.port), prefix).read(sid), big)
+
+
+# ---- a store against a durable tier that is down, hanging or back (a switchable proxy before the S3 server) ------
+MiB = 1024 * 1024
+
+
+class _Gate:
+    """A TCP proxy in front of the S3 server, switched between ``up`` (forwards), ``hang`` (accepts connections,
+    never answers) and ``down`` (refuses connections, as a server that is not running)."""
+
+    def __init__(self, target_port: int):
+        self.target_port, self.mode = target_port, "up"
+        self.hung = 0  # connections accepted and left unanswered
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self._listen()
+
+    def _listen(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._sockets.append(client)
+                if self.mode == "hang":
+                    self.hung += 1
+                    continue  # held open, never read, never answered
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            with self._lock:
+                self._sockets.append(upstream)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def set(self, mode: str) -> None:
+        with self._lock:
+            self.mode = mode
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:  # connections a client pooled must not carry on past the switch
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        if mode == "down" and self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        elif mode != "down" and self._listener is None:
+            self._listen()
+
+
+def _eventually(predicate, timeout: float = 120.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            pass  # the store restarting
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.2)
+
+
+def _in_time(fn, timeout: float = 120.0):
+    """``fn()`` on a thread, failing the test (instead of hanging it) if it does not return."""
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(_catch(fn)), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert out, f"{fn} still blocked after {timeout} s"
+    value, error = out[0]
+    if error is not None:
+        raise error
+    return value
+
+
+def _catch(fn):
+    try:
+        return fn(), None
+    except BaseException as exc:
+        return None, exc
+
+
+def _s3_uri(server, port: int, prefix: str) -> str:
+    # credentials in the URI: the store actor's process may have started before the fixture set the environment
+    return (f"s3://testing:testing@{server.bucket}/{prefix}?endpoint_override=127.0.0.1:{port}&scheme=http"
+            "&region=us-east-1")
+
+
+def _weights(v: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.randn(MiB // 4, generator=torch.Generator().manual_seed(v))}
+
+
+def _store_pid(store) -> int:
+    actor = ray.get_actor(store_name(store.stats().node_id), namespace=NAMESPACE)
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def test_a_durable_outage_loses_no_acknowledged_snapshot(make_store, s3_server, tmp_path):
+    """Object store down: non-durable publishes are committed on the node's disk (no temp files left, the hot tier
+    within its capacity), survive a store kill, and reach the durable tier once it is back; the backlog shows in
+    stats."""
+    gate = _Gate(s3_server.port)
+    gate.set("down")
+    uri = _s3_uri(s3_server, gate.port, "outage")
+    store = make_store(durable_uri=uri, hot_capacity_bytes=3 * MiB, durable_timeout_s=20)
+    versions = range(1, 9)
+    for v in versions:
+        assert store.publish("out", _weights(v)).version == v
+    store.flush()
+    stats = store.stats()
+    assert stats.hot_bytes <= stats.hot_capacity_bytes and stats.disk_snapshots == len(versions)
+    assert sorted(p.name[:10] for p in (tmp_path / "spill" / "out").iterdir()) == [f"{v:010d}" for v in versions]
+    stats = _eventually(lambda: (s := store.stats()).durable_failures and s, what="a failed upload")
+    assert stats.durable_pending == len(versions) and "could not connect" in stats.durable_error.lower()
+    assert "testing:testing" not in stats.durable_error  # credentials in the URI are never shown
+    os.kill(_store_pid(store), signal.SIGKILL)  # Ray restarts it; it rebuilds from its disk
+    policystore.clear_cache()
+    for v in versions:
+        assert torch.equal(_eventually(functools.partial(store.get, "out", v))["w"], _weights(v)["w"])
+    gate.set("up")
+    direct = DurableTier.open(_s3_uri(s3_server, s3_server.port, "outage"))
+    wanted = {SnapshotId("out", v) for v in versions}
+    _eventually(lambda: direct.committed_ids() == wanted, timeout=240, what="the uploads after the outage")
+    _eventually(lambda: store.stats().durable_pending == 0, what="an empty backlog")
+    for sid in wanted:
+        assert torch.equal(torch.from_numpy(direct.read(sid)[-MiB:].copy()).view(torch.float32),
+                           _weights(sid.version)["w"])
+    gate.set("down")
+
+
+def test_a_hanging_durable_tier_blocks_no_read_and_no_non_durable_publish(make_store, s3_server):
+    """An object store that accepts connections and never answers: a durable publish fails after the deadline,
+    naming the tier, and meanwhile reads (of an unknown version of that policy too) and non-durable publishes
+    go on; what was stored stays, and reaches the tier once it answers again."""
+    gate = _Gate(s3_server.port)
+    store = make_store(durable_uri=_s3_uri(s3_server, gate.port, "hang"), hot_capacity_bytes=3 * MiB,
+                       durable_timeout_s=20)
+    assert store.publish("h", _weights(1), durable=True).version == 1
+    gate.set("hang")
+    hung = gate.hung
+    stuck: list = []
+    publisher = threading.Thread(target=lambda: stuck.append(_catch(
+        functools.partial(store.publish, "h", _weights(2), durable=True))), daemon=True)
+    publisher.start()
+    _eventually(lambda: gate.hung > hung, what="the durable publish reaching the tier")  # nothing else calls it
+    with pytest.raises(UnknownVersionError):
+        _in_time(functools.partial(store.get, "h", 99))
+    assert publisher.is_alive()  # answered while the durable publish of the same policy waits for the tier
+    publisher.join(120)
+    assert stuck and isinstance(stuck[0][1], DurableTierError), stuck
+    assert f"durable tier s3://{s3_server.bucket}/hang?endpoint_override=127.0.0.1:{gate.port}" in str(stuck[0][1])
+    assert "did not answer within 20 s" in str(stuck[0][1])
+    for v in (3, 4, 5, 6):  # version 2 was aborted: numbers are never reused
+        assert _in_time(functools.partial(store.publish, "h", _weights(v))).version == v
+    _in_time(store.flush)
+    policystore.clear_cache()
+    for v in (1, 3, 4, 5, 6):
+        assert torch.equal(_in_time(functools.partial(store.get, "h", v))["w"], _weights(v)["w"])
+    report = _in_time(lambda: store.verify("h", 1))
+    assert report.disk and report.durable is None and any("did not answer" in p for p in report.problems)
+    assert [r.id.version for r in store.list("h")] == [1, 3, 4, 5, 6]  # nothing stored was lost
+    gate.set("up")
+    direct = DurableTier.open(_s3_uri(s3_server, s3_server.port, "hang"))
+    wanted = {SnapshotId("h", v) for v in (1, 3, 4, 5, 6)}
+    _eventually(lambda: direct.committed_ids() == wanted, timeout=240, what="the uploads after the hang")
+    assert not direct.find(SnapshotId("h", 2))  # the publish that failed stays out, whatever its upload did
+    gate.set("down")
+
+
+def test_a_delete_during_an_outage_reaches_the_durable_tier_after_a_store_restart(make_store, s3_server):
+    gate = _Gate(s3_server.port)
+    store = make_store(durable_uri=_s3_uri(s3_server, gate.port, "late-delete"), durable_timeout_s=20)
+    gone = store.publish("late", _weights(1), durable=True)
+    kept = store.publish("late", _weights(2), durable=True)
+    gate.set("down")
+    assert store.delete("late", 1) == [gone]
+    assert store.stats().durable_error  # its tombstone waits for the tier
+    os.kill(_store_pid(store), signal.SIGKILL)
+    _eventually(lambda: store.stats().durable_error, what="the restarted store trying again")
+    gate.set("up")
+    direct = DurableTier.open(_s3_uri(s3_server, s3_server.port, "late-delete"))
+    _eventually(lambda: direct.deleted_ids() == {gone}, timeout=240, what="the tombstone after the restart")
+    assert direct.committed_ids() == {kept}
+    gate.set("down")
+
+
+def test_deleted_snapshots_never_come_back(make_store, tmp_path):
+    """A delete right after a non-durable publish drops its queued spill and upload, and tombstones it in the
+    durable tier: a fresh catalog on the same durable URI neither lists nor serves it."""
+    uri = str(tmp_path / "durable")
+    store = make_store(durable_uri=uri)
+    kept = []
+    for v in range(1, 31):
+        sid = store.publish("gone", _weights(v), durable=v % 5 == 0)
+        if v % 3:
+            assert store.delete("gone", sid.version) == [sid]
+        else:
+            kept.append(sid)
+    store.flush()
+    _eventually(lambda: store.stats().durable_pending == 0, what="an empty backlog")
+    assert {sid for sid, _ in DurableTier.open(uri).list_committed()} == set(kept)
+    policystore.client.shutdown_all()
+    fresh = policystore.connect(policystore.StoreConfig(spill_dir=str(tmp_path / "fresh"), durable_uri=uri))
+    assert [r.id for r in fresh.list("gone")] == kept
+    with pytest.raises(UnknownVersionError):
+        fresh.get("gone", 1)
+    assert torch.equal(fresh.get("gone", kept[-1].version)["w"], _weights(kept[-1].version)["w"])
+    assert [i.id for i in policystore.open_folder(uri).list()] == kept
+
+
+@pytest.mark.parametrize("damage", ["flipped", "removed"])
+def test_a_damaged_spill_file_heals_from_the_durable_copy(make_store, tmp_path, damage):
+    store = make_store(durable_uri=str(tmp_path / "durable"), hot_capacity_bytes=2 * MiB, compress=False)
+    sid = store.publish("heal", _weights(1), durable=True)
+    for v in (2, 3, 4):  # push v1 out of memory: it is on disk only
+        store.publish("other", _weights(v))
+    store.flush()
+    assert {r.id: r.tier for r in store.list("heal")}[sid] == "disk"
+    path = tmp_path / "spill" / "heal" / "0000000001.safetensors"
+    if damage == "flipped":
+        with open(path, "r+b") as f:
+            f.seek(-7, os.SEEK_END)
+            byte = f.read(1)
+            f.seek(-7, os.SEEK_END)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    else:
+        path.unlink()
+    policystore.clear_cache()
+    for _ in range(3):  # every get, not only the first
+        assert torch.equal(store.get("heal", 1)["w"], _weights(1)["w"])
+        policystore.clear_cache()
+    _eventually(lambda: path.exists(), what="the spill file written again")
+    report = store.verify("heal", 1)
+    assert (report.disk, report.durable, report.problems) == (True, True, ())
+    assert len(store.stats().quarantined) == (damage == "flipped")
+
+
+def test_a_damaged_spill_file_found_by_verify_is_replaced(make_store, tmp_path):
+    store = make_store(durable_uri=str(tmp_path / "durable"), compress=False)
+    store.publish("v", _weights(1), durable=True)
+    path = tmp_path / "spill" / "v" / "0000000001.safetensors"
+    with open(path, "r+b") as f:
+        f.seek(-3, os.SEEK_END)
+        f.write(b"\0\1\2")
+    with pytest.raises(CorruptSnapshotError, match="v@v1 \\(disk copy\\): checksum mismatch.*moved to"):
+        store.verify("v", 1)
+    _eventually(lambda: store.verify("v", 1).disk is True, what="the spill file written again from memory")
+    assert torch.equal(store.get("v", 1)["w"], _weights(1)["w"])

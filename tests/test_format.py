@@ -136,22 +136,13 @@ def with_metadata(buf: np.ndarray, **changes: str) -> np.ndarray:
     return np.frombuffer(len(text).to_bytes(8, "little") + text + bytes(buf[header.data_offset :]), np.uint8).copy()
 
 
-def as_legacy_crc32(buf: np.ndarray) -> np.ndarray:
-    """The same snapshot as written before CRC-32C: zlib CRC-32 over the tensor index and the data."""
-    header = fmt.parse_header(buf, name="p")
-    crc = zlib.crc32(memoryview(buf)[header.data_offset :], zlib.crc32(header.index_bytes()))
-    return with_metadata(buf, **{fmt.META_CHECKSUM: f"crc32:{crc:08x}"})
-
-
-def test_checksum_is_crc32c_and_legacy_crc32_buffers_still_verify():
+def test_checksum_is_crc32c_and_no_other_algorithm_verifies():
     buf = fmt.pack({"w": torch.randn(64), "b": np.arange(3, dtype=np.int16)}, policy_id="p", meta={"k": 1})
     header = fmt.verify_buffer(buf, name="p")
     assert header.checksum.startswith("crc32c:") and len(header.checksum) == len("crc32c:") + 8
-    legacy = as_legacy_crc32(buf)
-    assert fmt.verify_buffer(legacy, name="p").checksum.startswith("crc32:")
-    legacy[-1] ^= 1
-    with pytest.raises(CorruptSnapshotError, match="checksum"):
-        fmt.verify_buffer(legacy, name="p")
+    crc = zlib.crc32(memoryview(buf)[header.data_offset :], zlib.crc32(header.index_bytes()))
+    with pytest.raises(CorruptSnapshotError, match="checksum"):  # zlib CRC-32 of index and data: not a format
+        fmt.verify_buffer(with_metadata(buf, **{fmt.META_CHECKSUM: f"crc32:{crc:08x}"}), name="p")
 
 
 def test_crc32c_covers_the_metadata_set_at_pack_time_but_not_the_disk_version():

@@ -41,7 +41,7 @@ class _Recorder:
         self.metrics.count("publishes")
         self.metrics.observe("get_latency", 0.002)
         self.metrics.observe("restore_latency", 1.5)
-        self.metrics.set_gauges(hot_bytes=4096, hot_snapshots=2, disk_bytes=0, disk_snapshots=0)
+        self.metrics.set_gauges(hot_bytes=4096, hot_snapshots=2, disk_bytes=0, disk_snapshots=0, durable_pending=1)
 
     def bad(self, kind: str) -> str:
         try:

@@ -107,15 +107,15 @@ def test_a_valid_file_of_another_snapshot_is_refused_and_quarantined(tier, case)
         assert same_data(tier.read(good_file, str(good), expect=expect(good, good_buf)), good_buf)
 
 
-def test_files_written_before_versions_were_recorded_still_read(tier):
+def test_a_file_without_its_version_is_refused(tier):
     sid = SnapshotId("p", 3)
-    buf = packed("p")  # exactly what the old writer put on disk: the packed buffer as it is
+    buf = packed("p")  # the packed buffer as it is: it does not say which version it is
     (tier.root / "p").mkdir(mode=0o700)
     tier.path_for(sid, False).write_bytes(buf.tobytes())
     file = tier.find(sid)
-    assert same_data(tier.read(file, str(sid), expect=expect(sid, buf)), buf)
-    with pytest.raises(CorruptSnapshotError, match="catalog"):
-        tier.read(file, str(sid), expect=Expected("p", 3, "crc32c:00000000"))
+    with pytest.raises(CorruptSnapshotError, match="version None, not 3"):
+        tier.read(file, str(sid), expect=expect(sid, buf))
+    assert tier.find(sid) is None and len(tier.quarantined()) == 1
 
 
 def test_symlinks_are_never_followed(tier, tmp_path):

@@ -458,8 +458,13 @@ def test_bad_weights_and_oversized_snapshots_lose_nothing(make_store):
     store.publish("keep", weights_of_mib(1))
     with pytest.raises(InvalidWeightsError, match="weights\\['w'\\] is a list"):
         store.publish("keep", {"w": [1, 2, 3]})
+    def staged() -> dict[Path, int]:
+        return {f: f.stat().st_size for f in policystore.config.staging_dir().glob(f"{os.getpid()}-*")}
+
+    before = staged()
     with pytest.raises(SnapshotTooLargeError, match="larger than the whole hot tier"):
         store.publish("keep", weights_of_mib(3))
+    assert staged() == before  # refused before the staging file grew: /dev/shm holds no copy of it
     pack = policystore.format.pack
     actor = store_actor()
     with pytest.raises(SnapshotTooLargeError):  # the store checks too, not only the client
