@@ -588,3 +588,29 @@ def test_connect_with_an_unusable_spill_dir_names_the_folder(make_store, tmp_pat
     policystore.client.shutdown_all()
     store = make_store()  # a usable folder works again at once
     assert store.publish("p", {"w": torch.ones(1)}).version == 1
+
+
+def test_compile_and_weight_norm_work_on_store_built_modules(make_store):
+    store = make_store()
+    source = net()
+    store.publish("p", source.state_dict())
+    x = torch.randn(3, 64)
+    expected = source(x)
+
+    compiled = torch.compile(store.load_module("p", net), backend="eager")  # dynamo traces the guarded weights
+    assert torch.allclose(compiled(x), expected)
+
+    def write(weight):
+        weight.add_(1)
+
+    with pytest.raises(ReadOnlyWeightsError):  # the guard holds inside compiled code too
+        torch.compile(write, backend="eager")(store.load_module("p", net)[0].weight)
+
+    normed = store.load_module("p", net)
+    nn.utils.parametrizations.weight_norm(normed[0])  # nn.Parameter(shared Parameter): a guarded alias
+    assert torch.allclose(normed(x), expected, atol=1e-5)
+    with pytest.raises(ReadOnlyWeightsError):
+        normed[0].parametrizations.weight.original1.add_(1)
+    assert not isinstance(store.load_module("p", net).state_dict()["0.weight"], nn.Parameter)
+    assert torch.equal(store.load_module("p", net)[0].weight, source[0].weight)  # every other module unchanged
+    assert store.verify("p").hot is True
