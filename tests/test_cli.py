@@ -253,6 +253,13 @@ def test_import_refuses_meta_that_is_not_an_object_and_folders(capsys, cluster, 
     assert code == EXIT_USAGE  # nothing was published
 
 
+def test_league_option_picks_the_league(capsys, cluster):
+    code, out = run_cli(capsys, "--json", "--league", "default", "ls", "expl")
+    assert code == EXIT_OK and [r["version"] for r in json.loads(out)] == [1]
+    code, out = run_cli(capsys, "--json", "--league", "nosuch", "ls")
+    assert code == EXIT_PROBLEM and "no policystore catalog runs for league 'nosuch'" in json.loads(out)["error"]
+
+
 def test_unreachable_cluster_fails_in_seconds_with_a_message(tmp_path):
     result = run_cli_subprocess("--address", "127.0.0.1:1", "ls", env={"RAY_ADDRESS": ""})
     assert result.returncode == EXIT_PROBLEM, result.stderr
