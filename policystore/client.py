@@ -593,7 +593,7 @@ class PolicyStore:
         if version is not None:
             check_version(version)
         session = self._live()
-        report: VerifyReport = self._call(StoreServer.verify, policy_id, version)
+        report: VerifyReport = self._call(StoreServer.verify, policy_id, version, timeout_s=self._long_timeout_s())
         if report.problems:
             if report.hot is False:
                 session.drop(report.id)
@@ -604,7 +604,13 @@ class PolicyStore:
         """Wait until every snapshot published so far is on disk, and the store knows of every read so far (reads
         of pushed snapshots reach its LRU order with the next long poll, a fraction of a second later, or now)."""
         self._live()
-        self._call(StoreServer.flush, self._follower.take_used() if self._follower is not None else ())
+        self._call(StoreServer.flush, self._follower.take_used() if self._follower is not None else (),
+                   timeout_s=self._long_timeout_s())
+
+    def _long_timeout_s(self) -> float:
+        """The deadline of calls that may read or write up to a hot tier's worth of bytes (``verify`` reads every
+        copy of a snapshot, ``flush`` waits for every pending spill): that of a publish of the whole hot tier."""
+        return self.config.publish_timeout_s(self._hot_capacity)
 
     def drop_cache(self) -> None:
         """Drop this process's cached snapshots (``policystore.clear_cache()``)."""
