@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from .config import StoreConfig
 from .errors import (
+    ConfigError,
     CorruptSnapshotError,
+    DeadlineExceededError,
     DiskFullError,
     DurableTierError,
     InvalidMetaError,
@@ -28,6 +30,7 @@ from .errors import (
     SnapshotFolderError,
     SnapshotLostError,
     SnapshotTooLargeError,
+    StoreUnavailableError,
     UnknownMetricError,
     UnknownPolicyError,
     UnknownVersionError,
@@ -68,7 +71,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ConfigError",
     "CorruptSnapshotError",
+    "DeadlineExceededError",
     "DiskFullError",
     "DurableTierError",
     "FileInfo",
@@ -88,6 +93,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotLostError",
     "SnapshotTooLargeError",
+    "StoreUnavailableError",
     "StoreConfig",
     "StoreStats",
     "UnknownMetricError",

@@ -29,6 +29,7 @@ from .errors import (
     InvalidWeightsError,
     PolicyStoreError,
     SnapshotFolderError,
+    StoreUnavailableError,
     UnknownPolicyError,
     UnknownVersionError,
 )
@@ -38,6 +39,7 @@ from .spill import Expected
 from .wire import DURABLE
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+REACH_TIMEOUT_S = 3.0  # a cluster address that takes longer to accept a connection is as good as down
 
 
 class UsageError(PolicyStoreError, ValueError):
@@ -90,27 +92,31 @@ class ClusterSource:
 
     online = True
 
-    def __init__(self, address: str | None):
+    def __init__(self, address: str | None, league: str | None = None):
         import ray
 
         from . import client
-        from .config import CATALOG_NAME, NAMESPACE, store_name
+        from .config import NAMESPACE, catalog_name, store_name
 
         if not ray.is_initialized():
+            check_reachable(address)
             ray.init(address=address, logging_level="error", log_to_driver=False, configure_logging=False)
             self._shutdown: Callable[[], None] | None = ray.shutdown
         else:
             self._shutdown = None
-        self.where = f"cluster {address or ray.get_runtime_context().gcs_address}"
         try:
-            ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
-        except ValueError:
+            league = league or client.job_league()
+        except PolicyStoreError:
             self.close()
-            raise PolicyStoreError(f"no policystore catalog runs on {self.where}") from None
+            raise
+        self.where = f"league {league!r} on cluster {address or ray.get_runtime_context().gcs_address}"
+        if not _actor_exists(catalog_name(league), NAMESPACE):
+            self.close()
+            raise PolicyStoreError(f"no policystore catalog runs for {self.where}") from None
         alive = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-        running = [n for n in alive if _actor_exists(store_name(n), NAMESPACE)]
+        running = [n for n in alive if _actor_exists(store_name(n, league), NAMESPACE)]
         here = ray.get_runtime_context().get_node_id()
-        self.stores = {n: client.connect(node_id=n) for n in running or [here]}
+        self.stores = {n: client.connect(node_id=n, league=league) for n in running or [here]}
         self.local = self.stores.get(here) or next(iter(self.stores.values()))
 
     def close(self) -> None:
@@ -246,6 +252,25 @@ def _folder_stats(where: str, rows: list[Row]) -> dict[str, Any]:
             "nbytes": sum(r.nbytes for r in rows), "file_bytes": sum(r.file_bytes for r in rows)}
 
 
+def check_reachable(address: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Fail in seconds when nothing listens at a ``host:port`` cluster address: ``ray.init`` would retry for
+    minutes. ("auto", "local" and ``ray://`` addresses are left to Ray.)"""
+    import socket
+
+    if not address or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise UsageError(f"--address {address}: expected HOST:PORT (the head node's GCS address)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise StoreUnavailableError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}): start one (ray start --head) or give the "
+            "head node's address (ray status prints it)"
+        ) from None
+
+
 def _actor_exists(name: str, namespace: str) -> bool:
     import ray
 
@@ -278,7 +303,7 @@ def open_source(args: argparse.Namespace) -> Source:
 
         if not ray.is_initialized():
             raise UsageError("say where the snapshots are: --address (or RAY_ADDRESS) for a cluster, --dir offline")
-    return ClusterSource(address)
+    return ClusterSource(address, args.league)
 
 
 # ---- commands ------------------------------------------------------------------------------------------------
@@ -342,11 +367,9 @@ def cmd_export(source: Source, args: argparse.Namespace, out: Output) -> int:
 def cmd_import(source: Source, args: argparse.Namespace, out: Output) -> int:
     online = _online(source, "import")
     check_policy_id(args.policy)
+    extra = _meta_option(args.meta)
     weights, meta = load_weights_file(Path(args.file))
-    try:
-        meta.update(json.loads(args.meta) if args.meta else {})
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--meta is not JSON: {exc}") from None
+    meta.update(extra)
     sid = online.publish(args.policy, weights, meta, args.durable)
     out.message({"imported": str(args.file), "policy_id": sid.policy_id, "version": sid.version, "meta": meta},
                 f"imported {args.file} as {sid}")
@@ -414,11 +437,27 @@ def retention(rows: Sequence[Row], keep_last: int, keep_meta: Sequence[str]) -> 
     return sorted(keep, key=lambda r: r.id), sorted(drop, key=lambda r: r.id)
 
 
+def _meta_option(text: str | None) -> dict[str, Any]:
+    """``--meta``: a JSON object (None: no option given)."""
+    if text is None:
+        return {}
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--meta is not JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise UsageError(f"--meta must be a JSON object such as '{{\"frozen\": true}}', got {type(meta).__name__}: "
+                         f"{text[:80]}")
+    return meta
+
+
 def load_weights_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tensors, meta) from a ``.safetensors`` file (its policystore meta kept) or a ``torch.save``d state dict,
     which is loaded with ``weights_only=True`` (no arbitrary code runs)."""
     import torch
 
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder: import takes one weights file (.safetensors or torch.save)")
     with open(path, "rb") as f:
         head = f.read(9)
     if len(head) == 9 and head[8:9] == b"{":  # 8-byte header length, then the JSON header
@@ -581,6 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--address", default=argparse.SUPPRESS, help="Ray cluster address (default: RAY_ADDRESS)")
     where.add_argument("--dir", default=argparse.SUPPRESS, metavar="PATH",
                        help="offline: a spill folder or a durable tier (path or URI)")
+    where.add_argument("--league", default=argparse.SUPPRESS,
+                       help="online: the league to look at (default: the cluster's default league)")
     where.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
     parser = argparse.ArgumentParser(
         prog="policystore", description="Inspect and maintain a league's policy snapshots, online or offline.",
@@ -617,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (``python -m policystore`` and the console script exit with it)."""
     args = build_parser().parse_args(argv)
-    for name, default in (("address", None), ("dir", None), ("json", False)):
+    for name, default in (("address", None), ("dir", None), ("league", None), ("json", False)):
         setattr(args, name, getattr(args, name, default))
     out = Output(args.json)
     source = None

@@ -10,9 +10,11 @@ cluster: a new ``ray.init()`` starts from nothing, even while handles from the o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
+import re
 import threading
 import time
 import weakref
@@ -24,9 +26,18 @@ import ray
 from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from . import errors
 from .catalog import CatalogServer
-from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
-from .errors import CorruptSnapshotError, PolicyStoreError, SnapshotTooLargeError, UnknownVersionError
+from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, check_league, store_name
+from .deadline import wait
+from .errors import (
+    ConfigError,
+    CorruptSnapshotError,
+    PolicyStoreError,
+    SnapshotTooLargeError,
+    StoreUnavailableError,
+    UnknownVersionError,
+)
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
 from .protect import follow_generation, open_shared
@@ -60,10 +71,12 @@ def _actor_class(cls: type, watchers: int) -> Any:
 
 
 class _Session:
-    """What this process keeps for one Ray session of one cluster; dropped whole when another session starts."""
+    """What this process keeps for one league in one Ray session of one cluster; dropped whole when another Ray
+    session starts."""
 
-    def __init__(self, key: tuple[str, str]):
+    def __init__(self, key: tuple[str, str], league: str):
         self.key = key
+        self.league = league
         self.lock = threading.Lock()
         self.clients: dict[str, PolicyStore] = {}
         # Snapshots are immutable, so the process reuses the one it holds: (policy, version) -> Snapshot.
@@ -170,7 +183,7 @@ class _Session:
             staging.remove()
 
 
-_session: _Session | None = None
+_sessions: dict[str, _Session] = {}  # by league, all of one Ray session
 _session_lock = threading.Lock()
 
 
@@ -179,55 +192,94 @@ def _session_key() -> tuple[str, str]:
     return context.gcs_address, context.get_session_name()
 
 
-def _current_session() -> _Session:
-    """This process's state for the Ray session it is in now (a new one when Ray was restarted)."""
-    global _session
+def _current_session(league: str) -> _Session:
+    """This process's state for ``league`` in the Ray session it is in now (new ones when Ray was restarted)."""
     _ensure_ray()
     key = _session_key()
     with _session_lock:
-        if _session is None or _session.key != key:
-            if _session is not None:
-                _session.close()
-            _session = _Session(key)
-        return _session
+        if any(s.key != key for s in _sessions.values()):
+            for old in _sessions.values():
+                old.close()
+            _sessions.clear()
+        session = _sessions.get(league)
+        if session is None:
+            session = _sessions[league] = _Session(key, league)
+        return session
 
 
 def clear_cache() -> None:
     """Drop this process's cached snapshots: the next get of each asks again (views already held stay valid)."""
-    session = _session
-    if session is not None:
+    with _session_lock:
+        sessions = list(_sessions.values())
+    for session in sessions:
         with session.lock:
             session.snapshots.clear()
 
 
-def connect(config: StoreConfig | None = None, *, node_id: str | None = None) -> PolicyStore:
-    """This node's store (``node_id`` for another node's), started if missing.
+def job_league() -> str:
+    """The league a job uses when it names none: its Ray namespace if it named one, else the default league.
 
-    Starts a local Ray if none is running, and the cluster catalog if it is missing. The store is a named, detached
-    actor pinned to its node, taking no CPU slot; concurrent ``connect()`` calls from many workers find the same
-    one (creation is atomic in Ray's GCS). The first ``config`` given in a cluster becomes the cluster's: stores
-    started later on any node (by a bare ``connect()`` in a worker) use it. Passing a different one to a running
-    store is an error.
+    Ray gives a job that names no namespace an anonymous one (a random UUID) that no other job can name; such jobs
+    share the cluster's default league, as every job did before leagues existed (the CLI and scripts run beside a
+    job find it there)."""
+    _ensure_ray()
+    namespace = ray.get_runtime_context().namespace
+    if not namespace or _ANONYMOUS.fullmatch(namespace):
+        return DEFAULT_LEAGUE
+    try:
+        return check_league(namespace)
+    except ConfigError:
+        raise ConfigError(f"the job's Ray namespace {namespace!r} cannot name a league: pass "
+                          "connect(league=...) or StoreConfig(league=...)") from None
+
+
+_ANONYMOUS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+def _league(config: StoreConfig | None, league: str | None) -> tuple[StoreConfig | None, str]:
+    """The league to use and ``config`` bound to it (``league=`` and ``config.league`` must agree)."""
+    if league is not None:
+        check_league(league)
+    if config is not None and not isinstance(config, StoreConfig):
+        raise ConfigError(f"connect() takes a StoreConfig, got {type(config).__name__}")
+    named = config.league if config is not None else None
+    if league is not None and named is not None and league != named:
+        raise ConfigError(f"connect(league={league!r}) disagrees with StoreConfig(league={named!r})")
+    league = league or named or job_league()
+    return (dataclasses.replace(config, league=league) if config is not None else None), league
+
+
+def connect(config: StoreConfig | None = None, *, node_id: str | None = None, league: str | None = None
+            ) -> PolicyStore:
+    """This node's store of ``league`` (``node_id`` for another node's), started if missing.
+
+    Starts a local Ray if none is running, and the league's catalog if it is missing. ``league`` (or
+    ``config.league``) scopes every id: None is the job's Ray namespace if it named one, else the cluster's default
+    league (see ``job_league``). The store is a named, detached actor pinned to its node, taking no CPU slot;
+    concurrent ``connect()`` calls from many workers find the same one (creation is atomic in Ray's GCS). The
+    first ``config`` given in a league becomes the league's: stores started later on any node (by a bare
+    ``connect()`` in a worker) use it. Passing a different one to a running store is an error.
     """
-    session = _current_session()
+    config, league = _league(config, league)
+    session = _current_session(league)
     node_id = node_id or ray.get_runtime_context().get_node_id()
     with _session_lock:
         client = session.clients.get(node_id)
     if client is None or not client._current():
-        client = PolicyStore(node_id, config)
+        client = PolicyStore(node_id, config, league=league)
         with _session_lock:
             session.clients[node_id] = client
     if config is not None and client.config != config:
-        raise PolicyStoreError(
+        raise ConfigError(
             f"the store on node {node_id} already runs with {client.config}; connect() was given {config}"
         )
     return client
 
 
-def connect_all(config: StoreConfig | None = None) -> dict[str, PolicyStore]:
+def connect_all(config: StoreConfig | None = None, *, league: str | None = None) -> dict[str, PolicyStore]:
     """A store on every alive node (nodes that joined since the last call get theirs now), by node id."""
     _ensure_ray()
-    return {n["NodeID"]: connect(config, node_id=n["NodeID"]) for n in ray.nodes() if n["Alive"]}
+    return {n["NodeID"]: connect(config, node_id=n["NodeID"], league=league) for n in ray.nodes() if n["Alive"]}
 
 
 def _ensure_ray() -> None:
@@ -237,10 +289,10 @@ def _ensure_ray() -> None:
 
 
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
-    """The cluster catalog: found by name, or created with ``config`` as the cluster's store settings."""
+    """The league's catalog: found by name, or created with ``config`` as the league's store settings."""
     session = ray.get_runtime_context().get_session_name()
     return _actor_class(CatalogServer, config.max_watchers).options(
-        name=CATALOG_NAME,
+        name=catalog_name(config.league),
         namespace=NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
@@ -253,6 +305,15 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
     ).remote(config.catalog_db(session), config, config.catalog_journal(session), seed=_durable_seed(config))
 
 
+def _catalog_handle(league: str) -> ray.actor.ActorHandle:
+    """The running catalog of ``league`` (StoreUnavailableError if it is gone: its start failed, or it was stopped)."""
+    try:
+        return ray.get_actor(catalog_name(league), namespace=NAMESPACE)
+    except ValueError:
+        raise StoreUnavailableError(f"the catalog of league {league!r} is not running (its start failed, or it was "
+                                    "stopped; its log says why)") from None
+
+
 def _durable_seed(config: StoreConfig) -> Callable[[], list] | None:
     """What a new catalog database adopts: the league committed in the durable tier (None without one)."""
     if config.durable_uri is None:
@@ -262,14 +323,14 @@ def _durable_seed(config: StoreConfig) -> Callable[[], list] | None:
     return functools.partial(list_committed, config.durable_uri)
 
 
-def _store_actor(node_id: str, config: StoreConfig | None) -> ray.actor.ActorHandle:
-    """The node's store actor: found by name, or created (atomically, in Ray's GCS) with ``config`` (None: the
-    cluster's settings, kept by the catalog)."""
-    catalog = _catalog_actor(config or StoreConfig())
+def _store_actor(node_id: str, config: StoreConfig | None, league: str) -> ray.actor.ActorHandle:
+    """The node's store actor of ``league``: found by name, or created (atomically, in Ray's GCS) with ``config``
+    (None: the league's settings, kept by its catalog)."""
+    catalog = _catalog_actor(config or StoreConfig(league=league))
     if config is None:
-        config = ray.get(catalog.store_config.remote())
+        config = _call(catalog.store_config, (), StoreConfig().call_timeout_s, f"catalog of league {league!r}")
     return _actor_class(StoreServer, config.max_watchers).options(
-        name=store_name(node_id),
+        name=store_name(node_id, league),
         namespace=NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
@@ -283,21 +344,23 @@ def _store_actor(node_id: str, config: StoreConfig | None) -> ray.actor.ActorHan
 class PolicyStore:
     """Handle on one node's store. Thread-safe; get one per process with ``connect()``."""
 
-    def __init__(self, node_id: str, config: StoreConfig | None):
+    def __init__(self, node_id: str, config: StoreConfig | None, *, league: str = DEFAULT_LEAGUE):
         self.node_id = node_id
+        self.league = league
         self._asked = config
+        self.config: StoreConfig = config or StoreConfig(league=league)  # the running store's, once bound
         self._local = False
         self._bind()
 
     def _bind(self) -> None:
         """Attach to the current Ray session's store (again, if Ray was restarted since this handle was made: a
         handle on its own node's store then follows the new session's node)."""
-        self._session = _current_session()
+        self._session = _current_session(self.league)
         if self._local:
             self.node_id = ray.get_runtime_context().get_node_id()
-        self._actor = _store_actor(self.node_id, self._asked)
-        self._catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
-        self.config: StoreConfig = self._call(StoreServer.store_config)
+        self._actor = _store_actor(self.node_id, self._asked, self.league)
+        self._catalog = _catalog_handle(self.league)
+        self.config = self._call(StoreServer.store_config)
         self._hot_capacity = self._call(StoreServer.stats).hot_capacity_bytes
         self._local = self.node_id == ray.get_runtime_context().get_node_id()
         # Same node, same monotonic clock: only a local store's push can be checked for staleness.
@@ -306,7 +369,7 @@ class PolicyStore:
     def _current(self) -> bool:
         """Whether the node's store is still the actor this handle talks to (not stopped and replaced since)."""
         try:
-            return ray.get_actor(store_name(self.node_id), namespace=NAMESPACE) == self._actor
+            return ray.get_actor(store_name(self.node_id, self.league), namespace=NAMESPACE) == self._actor
         except ValueError:
             return False
 
@@ -316,18 +379,24 @@ class PolicyStore:
             self._bind()
         return self._session
 
-    def _call(self, method: Callable, *args: Any, idempotent: bool = True) -> Any:
-        """Run ``method`` (a StoreServer or CatalogServer method) on its actor, riding out a restart (Ray restarts
-        it; it rebuilds from disk) for reads. Writes are not retried: whether a publish landed must be visible."""
+    def _call(self, method: Callable, *args: Any, idempotent: bool = True, timeout_s: float | None = None) -> Any:
+        """Run ``method`` (a StoreServer or CatalogServer method) on its actor within ``timeout_s`` (default
+        ``config.call_timeout_s``), riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
+        Writes are not retried: whether a publish landed must be visible."""
         deadline = time.monotonic() + RETRY_TIMEOUT_S
+        on_catalog = method.__qualname__.startswith("CatalogServer.")
         while True:
-            actor = self._catalog if method.__qualname__.startswith("CatalogServer.") else self._actor
+            actor = self._catalog if on_catalog else self._actor
+            what = (f"catalog of league {self.league!r}" if on_catalog
+                    else f"store of league {self.league!r} on node {self.node_id}")
             try:
-                return _call(getattr(actor, method.__name__), *args)
+                return _call(getattr(actor, method.__name__), args, timeout_s or self.config.call_timeout_s, what)
             except _RESTARTING as exc:
                 if isinstance(exc, ray.exceptions.ActorDiedError):  # stopped for good: find or start its successor
-                    self._actor = _store_actor(self.node_id, self.config)
-                    self._catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+                    if exc._actor_init_failed:  # it cannot start (bad settings, unusable folder): say why
+                        raise _start_failed(what, exc) from None
+                    self._actor = _store_actor(self.node_id, self.config, self.league)
+                    self._catalog = _catalog_handle(self.league)
                 if not idempotent or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
@@ -357,7 +426,8 @@ class PolicyStore:
         if sid is None:  # another node's store, no /dev/shm, or /dev/shm full: the snapshot travels by value
             alloc = self._sized(policy_id, functools.partial(np.empty, dtype=np.uint8))
             buf = pack(weights, policy_id=policy_id, meta=meta, alloc=alloc)
-            sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False)
+            sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False,
+                             timeout_s=self.config.publish_timeout_s(len(buf)))
         if sid.version <= session.seen.get(policy_id, 0):  # versions never repeat within one catalog
             session.renumbered(epoch="")
         session.saw(sid)
@@ -376,7 +446,7 @@ class PolicyStore:
             return None
         try:
             return self._call(StoreServer.publish_staged, policy_id, str(staging.path), nbytes, durable,
-                              idempotent=False)
+                              idempotent=False, timeout_s=self.config.publish_timeout_s(nbytes))
         except BaseException:
             session.retire(staging)
             raise
@@ -525,8 +595,10 @@ class PolicyStore:
         disk copy (other processes keep the views they hold until they let go).
         """
         check_policy_id(policy_id)
+        if version is not None:
+            check_version(version)
         session = self._live()
-        report: VerifyReport = self._call(StoreServer.verify, policy_id, version)
+        report: VerifyReport = self._call(StoreServer.verify, policy_id, version, timeout_s=self._long_timeout_s())
         if False in (report.hot, report.disk, report.durable):
             if report.hot is False:
                 session.drop(report.id)
@@ -537,7 +609,13 @@ class PolicyStore:
         """Wait until every snapshot published so far is on disk, and the store knows of every read so far (reads
         of pushed snapshots reach its LRU order with the next long poll, a fraction of a second later, or now)."""
         self._live()
-        self._call(StoreServer.flush, self._follower.take_used() if self._follower is not None else ())
+        self._call(StoreServer.flush, self._follower.take_used() if self._follower is not None else (),
+                   timeout_s=self._long_timeout_s())
+
+    def _long_timeout_s(self) -> float:
+        """The deadline of calls that may read or write up to a hot tier's worth of bytes (``verify`` reads every
+        copy of a snapshot, ``flush`` waits for every pending spill): that of a publish of the whole hot tier."""
+        return self.config.publish_timeout_s(self._hot_capacity)
 
     def drop_cache(self) -> None:
         """Drop this process's cached snapshots (``policystore.clear_cache()``)."""
@@ -545,16 +623,18 @@ class PolicyStore:
 
     def shutdown(self) -> None:
         """Stop this node's store; see ``policystore.client.shutdown``."""
-        shutdown(self.node_id)
+        shutdown(self.node_id, league=self.league)
 
 
-def shutdown(node_id: str | None = None) -> bool:
-    """Stop a node's store, whoever started it (what is on disk stays); the next ``connect()`` starts a new one.
+def shutdown(node_id: str | None = None, *, league: str | None = None) -> bool:
+    """Stop a node's store of ``league`` (None: the job's), whoever started it (what is on disk stays); the next
+    ``connect()`` starts a new one.
 
     For tests and reconfiguration: views other processes hold stay valid, but their handles go stale.
     Returns whether a store was running.
     """
-    session = _current_session()
+    league = check_league(league) if league is not None else job_league()
+    session = _current_session(league)
     node_id = node_id or ray.get_runtime_context().get_node_id()
     with session.lock:
         session.clients.pop(node_id, None)
@@ -562,15 +642,16 @@ def shutdown(node_id: str | None = None) -> bool:
         session.snapshots.clear()
     if follower is not None:
         follower.stop()
-    return _kill_named(store_name(node_id))
+    return _kill_named(store_name(node_id, league))
 
 
-def shutdown_all() -> None:
-    """Stop every node's store and the catalog (files stay on disk)."""
+def shutdown_all(*, league: str | None = None) -> None:
+    """Stop every node's store of ``league`` (None: the job's) and its catalog (files stay on disk)."""
+    league = check_league(league) if league is not None else job_league()
     for node in ray.nodes():
-        shutdown(node["NodeID"])
-    _kill_named(CATALOG_NAME)
-    _current_session().renumbered(epoch="")  # the next catalog's first push must not wipe what is got from it
+        shutdown(node["NodeID"], league=league)
+    _kill_named(catalog_name(league))
+    _current_session(league).renumbered(epoch="")  # the next catalog's first push must not wipe what is got from it
 
 
 def _kill_named(name: str) -> bool:
@@ -589,11 +670,24 @@ def _kill_named(name: str) -> bool:
     return True
 
 
-def _call(method: Any, *args: Any) -> Any:
-    """Run a store method and re-raise the store's own errors as themselves, without Ray's wrapping."""
+def _call(method: Any, args: tuple, timeout_s: float, what: str) -> Any:
+    """Run an actor method (``what`` names the actor) within ``timeout_s`` and re-raise the actor's own errors as
+    themselves, without Ray's wrapping; DeadlineExceededError if it does not answer in time."""
     try:
-        return ray.get(method.remote(*args))
+        return wait(method.remote(*args), timeout_s, what, method._method_name)
     except ray.exceptions.RayTaskError as exc:
         if isinstance(exc.cause, PolicyStoreError):
             raise exc.cause.with_traceback(None) from None
         raise
+
+
+def _start_failed(what: str, exc: ray.exceptions.ActorDiedError) -> PolicyStoreError:
+    """The error that stopped an actor's start, as its own policystore class when it is one (a spill folder that
+    cannot be used is a SnapshotFolderError), else StoreUnavailableError; the message keeps the actor's words."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else str(exc)
+    name, _, message = last.partition(": ")
+    cls = getattr(errors, name.rsplit(".", 1)[-1], None)
+    if not (isinstance(cls, type) and issubclass(cls, PolicyStoreError)):
+        cls, message = StoreUnavailableError, last
+    return cls(f"the {what} could not start: {message}")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,14 @@ class StoreConfig:
     durable_timeout_s: the longest the store waits for one call into the durable tier (a durable publish's upload,
         a read, a delete) before it fails with DurableTierError naming the tier; background uploads that run
         out of it are retried. Raise it for snapshots that take longer to upload on your link.
+    call_timeout_s: the deadline of every remote call a client makes (to its store or the catalog); a call that
+        does not answer in time raises DeadlineExceededError naming the actor and the call. A publish gets this
+        plus one second per 16 MiB of snapshot (``publish_timeout_s``). The store gives its own calls to the
+        catalog half of it, so a caller learns which actor was slow.
+    league: the name that scopes every id (snapshots, versions, the store and catalog actors, spill folders and
+        the catalog's database), so two jobs on one cluster never share snapshots by accident. None: the job's
+        Ray namespace if it named one (``ray.init(namespace=...)``), else ``"default"``, the cluster's shared
+        league. See "Tenancy" in docs/reliability.md.
     """
 
     hot_capacity_bytes: int | None = None
@@ -43,23 +55,42 @@ class StoreConfig:
     max_watchers: int = 64
     max_staleness_s: float = 1.0
     durable_timeout_s: float = 60.0
+    call_timeout_s: float = 30.0
+    league: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("hot_capacity_bytes", "disk_capacity_bytes"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"StoreConfig.{name} must be a positive int or None, got {value!r}")
-        if self.max_concurrency < 2:
-            raise ValueError("StoreConfig.max_concurrency must be >= 2 (reads must not queue behind writes)")
-        if isinstance(self.max_watchers, bool) or not isinstance(self.max_watchers, int) or self.max_watchers < 1:
-            raise ValueError(f"StoreConfig.max_watchers must be an int >= 1, got {self.max_watchers!r}")
+            if value is not None and (not _is_int(value) or value <= 0):
+                raise ConfigError(f"StoreConfig.{name} must be a positive int or None, got {value!r}")
+        for name in ("spill_dir", "durable_uri"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"StoreConfig.{name} must be a non-empty str or None, got {value!r}")
+        if not isinstance(self.compress, bool):
+            raise ConfigError(f"StoreConfig.compress must be True or False, got {self.compress!r}")
+        if not _is_int(self.max_concurrency) or self.max_concurrency < 2:
+            raise ConfigError(f"StoreConfig.max_concurrency must be an int >= 2 (reads must not queue behind "
+                              f"writes), got {self.max_concurrency!r}")
+        if not _is_int(self.max_watchers) or self.max_watchers < 1:
+            raise ConfigError(f"StoreConfig.max_watchers must be an int >= 1, got {self.max_watchers!r}")
         staleness = self.max_staleness_s
-        if isinstance(staleness, bool) or not isinstance(staleness, (int, float)) or not 0 <= staleness < 3600:
-            raise ValueError(f"StoreConfig.max_staleness_s must be a number of seconds in [0, 3600), got {staleness!r}")
-        timeout = self.durable_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
-            raise ValueError(f"StoreConfig.durable_timeout_s must be a number of seconds in (0, 86400], got "
-                             f"{timeout!r}")
+        if not _is_number(staleness) or not 0 <= staleness < 3600:
+            raise ConfigError(f"StoreConfig.max_staleness_s must be a number of seconds in [0, 3600), "
+                              f"got {staleness!r}")
+        if not _is_number(self.call_timeout_s) or not 0 < self.call_timeout_s <= 86400:
+            raise ConfigError(f"StoreConfig.call_timeout_s must be a number of seconds in (0, 86400], "
+                              f"got {self.call_timeout_s!r}")
+        if not _is_number(self.durable_timeout_s) or not 0 < self.durable_timeout_s <= 86400:
+            raise ConfigError(f"StoreConfig.durable_timeout_s must be a number of seconds in (0, 86400], "
+                              f"got {self.durable_timeout_s!r}")
+        if self.league is not None:
+            check_league(self.league)
+
+    def publish_timeout_s(self, nbytes: int) -> float:
+        """The deadline of a publish of ``nbytes``: ``call_timeout_s`` plus one second per 16 MiB (a durable publish
+        writes the disk and the durable tier before it returns)."""
+        return self.call_timeout_s + nbytes / PUBLISH_BYTES_PER_S
 
     @property
     def poll_s(self) -> float:
@@ -69,9 +100,10 @@ class StoreConfig:
         return min(max(self.max_staleness_s / 4, 0.05), 5.0) if self.max_staleness_s else 1.0
 
     def resolved_spill_dir(self, session_name: str, node_id: str) -> str:
-        if self.spill_dir is not None:
-            return os.path.abspath(os.path.expanduser(self.spill_dir))
-        return os.path.join(self.default_root(session_name), node_id)
+        """The node's spill folder: ``spill_dir`` (or the session's default root, then the node id); a league other
+        than the default one keeps its own folder under it (``.leagues/<league>``)."""
+        root = self._local_root(session_name)
+        return root if self.spill_dir is not None else os.path.join(root, node_id)
 
     def catalog_journal(self, session_name: str) -> str:
         """Where an older catalog kept its JSON-lines journal (imported once by the catalog if it is there): in a
@@ -87,8 +119,8 @@ class StoreConfig:
 
     def _local_root(self, session_name: str) -> str:
         if self.spill_dir:
-            return os.path.abspath(os.path.expanduser(self.spill_dir))
-        return self.default_root(session_name)
+            return league_folder(os.path.abspath(os.path.expanduser(self.spill_dir)), self.league)
+        return league_folder(self.default_root(session_name), self.league)
 
     @staticmethod
     def default_root(session_name: str) -> str:
@@ -97,12 +129,44 @@ class StoreConfig:
         return os.path.join(tempfile.gettempdir(), "policystore-spill", session_name)
 
 
-NAMESPACE = "policystore"
-CATALOG_NAME = "policystore-catalog"
+NAMESPACE = "policystore"  # the Ray namespace of every league's actors (their names carry the league)
+CATALOG_NAME = "policystore-catalog"  # the default league's catalog
+DEFAULT_LEAGUE = "default"
+PUBLISH_BYTES_PER_S = 16 * 2**20  # the slowest publish (disk, durable tier) a deadline allows for
+LEAGUES = ".leagues"  # other leagues' folders under a shared root; spill.py skips it
+_LEAGUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def store_name(node_id: str) -> str:
-    return f"policystore-{node_id}"
+def check_league(league: object) -> str:
+    """Return ``league`` if it can name actors and a folder, else raise ConfigError saying why."""
+    if not isinstance(league, str) or not _LEAGUE.fullmatch(league):
+        raise ConfigError(f"invalid league {league!r}: use 1-64 characters from [A-Za-z0-9._-], starting with a "
+                          "letter or digit")
+    return league
+
+
+def catalog_name(league: str = DEFAULT_LEAGUE) -> str:
+    """The league's catalog actor (the default league keeps the name it always had)."""
+    return CATALOG_NAME if league == DEFAULT_LEAGUE else f"{CATALOG_NAME}@{league}"
+
+
+def store_name(node_id: str, league: str = DEFAULT_LEAGUE) -> str:
+    """The league's store actor on ``node_id`` (the default league keeps the name it always had)."""
+    return f"policystore-{node_id}" if league == DEFAULT_LEAGUE else f"policystore-{node_id}@{league}"
+
+
+def league_folder(root: str, league: str | None) -> str:
+    """Where a league keeps its files under ``root``: the root itself for the default league, else its own folder
+    (a dot folder: never taken for a policy's folder by a default-league store sharing the root)."""
+    return root if league in (None, DEFAULT_LEAGUE) else os.path.join(root, LEAGUES, league)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def staging_dir() -> Path:

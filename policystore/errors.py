@@ -74,3 +74,19 @@ class DurableTierError(PolicyStoreError, OSError):
 class SnapshotFolderError(PolicyStoreError, OSError):
     """A snapshot folder that cannot be used safely: missing, not a real folder (a symlink), or a private spill
     folder owned by another user (who could then swap or read the snapshots)."""
+
+
+class ConfigError(PolicyStoreError, ValueError):
+    """A ``StoreConfig`` field (or ``connect()`` argument) of the wrong type or out of range; raised before any
+    store starts (``ValueError`` too, so older ``except ValueError`` clauses still catch it)."""
+
+
+class StoreUnavailableError(PolicyStoreError):
+    """A node's store or the catalog could not be started or reached (its start failed, it stays down, or no
+    cluster answers at the address given); the message names which and why."""
+
+
+class DeadlineExceededError(StoreUnavailableError, TimeoutError):
+    """A remote call (to a node's store or to the catalog) did not answer within its deadline
+    (``StoreConfig.call_timeout_s``); the message names the actor and the call. A write that timed out may still
+    land: look before publishing again."""

@@ -303,9 +303,13 @@ def pack(
         raise InvalidWeightsError("weights is empty: a snapshot needs at least one tensor")
     user_meta = check_meta(meta)
     parts = []
+    names: set[str] = set()
     for name, value in weights.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise InvalidWeightsError(f"tensor names must be non-empty strings other than '__metadata__', got {name!r}")
+        if name in names:  # a custom Mapping can repeat a key; the file would then not parse
+            raise InvalidWeightsError(f"weights name {name!r} twice: tensor names must be unique")
+        names.add(name)
         parts.append(_part(name, value))
     parts.sort(key=lambda p: (-_CODES[p.code][1], p.name))  # falling element size keeps every tensor aligned
 

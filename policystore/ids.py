@@ -22,10 +22,13 @@ def check_policy_id(policy_id: object) -> str:
     return policy_id
 
 
+MAX_VERSION = 2**63 - 1  # the catalog's sqlite integers are 64-bit signed
+
+
 def check_version(version: object) -> int:
-    """Versions count from 1; bool is rejected even though it is an int."""
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise InvalidPolicyIdError(f"version must be an int >= 1, got {version!r}")
+    """Versions count from 1 up to MAX_VERSION; bool is rejected even though it is an int."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise InvalidPolicyIdError(f"version must be an int in [1, 2**63 - 1], got {version!r}")
     return version
 
 

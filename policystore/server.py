@@ -27,13 +27,14 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
 
 from . import memory
-from .config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, store_name
+from .deadline import wait
 from .errors import (
     CorruptSnapshotError,
     DurableTierError,
@@ -145,7 +146,8 @@ class StoreServer:
         capacity = config.hot_capacity_bytes or _node_object_store_bytes(node_id) // 2
         self.feed = Feed()
         self.hot = HotTier(capacity, self.feed)
-        self.catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+        self.league = config.league or DEFAULT_LEAGUE
+        self.catalog = ray.get_actor(catalog_name(self.league), namespace=NAMESPACE)
         self._staging = StagingMaps()
         self._lock = threading.Lock()
         # Publishes in flight per policy: the catalog may announce a version before this store has recorded its own
@@ -230,7 +232,7 @@ class StoreServer:
 
     def _catalog_latest(self, policy_id: str) -> int:
         try:
-            return ray.get(self.catalog.lookup.remote(policy_id)).version
+            return self._ask(self.catalog.lookup.remote(policy_id), "lookup").version
         except UnknownPolicyError:
             return 0
 
@@ -430,7 +432,7 @@ class StoreServer:
         if version is None:
             version = self.feed.latest(policy_id, self.config.max_staleness_s)
         if version is None:
-            info = ray.get(self.catalog.lookup.remote(policy_id))
+            info = self._ask(self.catalog.lookup.remote(policy_id), "lookup")
             version = info.version
         sid = SnapshotId(policy_id, check_version(version))
         with self._lock:
@@ -452,7 +454,7 @@ class StoreServer:
             if entry is not None:
                 hot = self._restore(sid, entry)
             else:
-                hot = self._fetch(sid, info or ray.get(self.catalog.lookup.remote(policy_id, sid.version)))
+                hot = self._fetch(sid, info or self._ask(self.catalog.lookup.remote(policy_id, sid.version), "lookup"))
             future.set_result(hot)
         except BaseException as exc:
             future.set_exception(exc)
@@ -524,7 +526,7 @@ class StoreServer:
         buf = None
         for holder in [h for h in info.holders if h not in (self.node_id, DURABLE)]:
             try:
-                peer = ray.get_actor(store_name(holder), namespace=NAMESPACE)
+                peer = ray.get_actor(store_name(holder, self.league), namespace=NAMESPACE)
                 remote = ray.get(peer.resolve.remote(*sid), timeout=_FETCH_TIMEOUT_S)
                 # the bytes cross the network here, once
                 buf = open_shared(ray.get(remote.refs[0], timeout=_FETCH_TIMEOUT_S))
@@ -560,7 +562,7 @@ class StoreServer:
         return hot
 
     def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
-        entries: list[CatalogEntry] = ray.get(self.catalog.list.remote(policy_id))
+        entries: list[CatalogEntry] = self._ask(self.catalog.list.remote(policy_id), "list")
         rows = []
         with self._lock:
             for e in entries:
@@ -622,7 +624,8 @@ class StoreServer:
             for holder in entry.holders:
                 if holder not in (DURABLE, self.node_id):
                     try:
-                        peers.append(ray.get_actor(store_name(holder), namespace=NAMESPACE).forget.remote(*sid))
+                        peers.append(ray.get_actor(store_name(holder, self.league), namespace=NAMESPACE)
+                                     .forget.remote(*sid))
                     except ValueError:
                         pass  # that node's store is gone, and its copies with it
         if removed:
@@ -654,7 +657,7 @@ class StoreServer:
         is quarantined and written again from the good hot copy, or (``healed``) replaced from another good copy
         by the next get. A durable tier that does not answer in ``durable_timeout_s`` is reported, not waited for.
         """
-        info: CatalogEntry = ray.get(self.catalog.lookup.remote(policy_id, version))
+        info: CatalogEntry = self._ask(self.catalog.lookup.remote(policy_id, version), "lookup")
         sid = info.id
         with self._lock:
             entry = self._policies.get(policy_id, {}).get(sid.version)
@@ -717,6 +720,11 @@ class StoreServer:
         for future in pending:
             future.result()
         return len(pending)
+
+    def _ask(self, ref: ray.ObjectRef, call: str) -> Any:
+        """A read from the catalog within half the call deadline (the caller's own deadline is the whole of it, so
+        the caller learns that the catalog, not this store, was slow)."""
+        return wait(ref, self.config.call_timeout_s / 2, f"catalog of league {self.league!r}", call)
 
     # ---- metrics and the durable tier ----------------------------------------------------------------------
     def _count(self, name: str) -> None:

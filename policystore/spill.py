@@ -37,6 +37,7 @@ from typing import BinaryIO, TypeVar
 import lz4.frame
 import numpy as np
 
+from .config import LEAGUES  # other leagues' folders under a shared spill root
 from .errors import CorruptSnapshotError, DiskFullError, InvalidPolicyIdError, SnapshotFolderError
 from .format import (
     MAX_HEADER_BYTES,
@@ -181,7 +182,7 @@ def survey(root: Path, root_fd: int, policy_id: str | None = None, *, owner: int
     """
     found = Survey()
     for name in sorted(os.listdir(root_fd)) if policy_id is None else [policy_id]:
-        if name in (QUARANTINE, TOMBSTONES) or name.startswith(CATALOG_PREFIX):
+        if name in (QUARANTINE, TOMBSTONES, LEAGUES) or name.startswith(CATALOG_PREFIX):
             continue
         where = root / name
         try:

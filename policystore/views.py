@@ -151,7 +151,11 @@ class SharedTensor(torch.Tensor):
             source = _any_shared(args[0]) if args else None
             if source is None:
                 source = next((s for s in map(_any_shared, (*args, *kwargs.values())) if s is not None), None)
-            return result if source is None else _guard_aliases(result, source)
+            if source is None:
+                return result
+            if func is torch.Tensor.detach and type(source) is SharedParameter:
+                return _detached_parameter(result, source)
+            return _guard_aliases(result, source)
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         """Pickled (``torch.save``, Ray, multiprocessing) as a plain tensor (or Parameter) of its own values: the
@@ -170,7 +174,7 @@ class SharedTensor(torch.Tensor):
         """A plain tensor with a copy of the values; a Parameter stays a Parameter."""
         with torch._C.DisableTorchFunctionSubclass():
             copy = self.clone()
-        if isinstance(self, SharedParameter):
+        if isinstance(self, nn.Parameter):
             copy = nn.Parameter(copy, requires_grad=self.requires_grad)
         return copy
 
@@ -200,8 +204,22 @@ class SharedParameter(SharedTensor):
     _is_param = True
 
 
+def _detached_parameter(result: torch.Tensor, source: SharedParameter) -> SharedParameter:
+    """``detach()`` of a shared Parameter: of its class, as ``nn.Parameter(p)`` requires (parametrizations such as
+    ``weight_norm`` make one), yet not a parameter itself (``state_dict()`` values are plain tensors)."""
+    detached = _as_shared(result, source.snapshot, source._span, SharedParameter)
+    detached._is_param = False
+    return detached
+
+
 def _as_shared(tensor: torch.Tensor, snapshot: str, span: tuple[int, int], cls: type = SharedTensor) -> SharedTensor:
-    shared = tensor.as_subclass(cls)
+    """``tensor``'s memory as a ``cls``: an alias that is not an autograd view of it (``as_subclass`` makes one, and
+    every guarded ``_base`` was then a view of its own base without end: torch.compile recursed on it), unless it
+    carries autograd history to keep."""
+    if tensor.requires_grad:
+        shared = tensor.as_subclass(cls)
+    else:
+        shared = torch.Tensor._make_subclass(cls, tensor, False)
     shared.snapshot = snapshot
     shared._span = span
     shared._param = None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import ray
 
-from .config import NAMESPACE, StoreConfig, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, store_name
 from .format import Header, parse_header
 from .ids import SnapshotId
 from .wire import HotSnapshot, StoreEvents
@@ -191,7 +191,7 @@ class Follower:
 
     def __init__(self, node_id: str, config: StoreConfig, on_deleted: Callable[[SnapshotId], None],
                  on_catalog: Callable[[str], None]):
-        self._name = store_name(node_id)
+        self._name = store_name(node_id, config.league or DEFAULT_LEAGUE)
         self._on_catalog = on_catalog  # told the catalog's epoch: a new one numbers versions anew
         self._actor: ray.actor.ActorHandle | None = None  # looked up by name: a store started anew is found
         self._poll_s = config.poll_s

@@ -240,6 +240,33 @@ def test_import_refuses_pickled_code_and_non_weights(capsys, cluster, tmp_path):
     assert code == EXIT_USAGE  # nothing was published
 
 
+def test_import_refuses_meta_that_is_not_an_object_and_folders(capsys, cluster, tmp_path):
+    state = tmp_path / "state.pt"
+    torch.save(_weights(7), state)
+    for meta, why in (("[1]", "must be a JSON object"), ("null", "must be a JSON object"),
+                      ('"x"', "must be a JSON object"), ("3", "must be a JSON object"), ("{not json", "is not JSON")):
+        code, out = run_cli(capsys, "--json", "import", str(state), "bad", "--meta", meta)
+        assert code == EXIT_USAGE and why in json.loads(out)["error"], meta
+    code, out = run_cli(capsys, "--json", "import", str(tmp_path), "bad")  # a folder, not a weights file
+    assert code == EXIT_USAGE and "is a folder" in json.loads(out)["error"]
+    code, _ = run_cli(capsys, "ls", "bad")
+    assert code == EXIT_USAGE  # nothing was published
+
+
+def test_league_option_picks_the_league(capsys, cluster):
+    code, out = run_cli(capsys, "--json", "--league", "default", "ls", "expl")
+    assert code == EXIT_OK and [r["version"] for r in json.loads(out)] == [1]
+    code, out = run_cli(capsys, "--json", "--league", "nosuch", "ls")
+    assert code == EXIT_PROBLEM and "no policystore catalog runs for league 'nosuch'" in json.loads(out)["error"]
+
+
+def test_unreachable_cluster_fails_in_seconds_with_a_message(tmp_path):
+    result = run_cli_subprocess("--address", "127.0.0.1:1", "ls", env={"RAY_ADDRESS": ""})
+    assert result.returncode == EXIT_PROBLEM, result.stderr
+    assert "no Ray cluster answers at 127.0.0.1:1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_gc_and_rm_against_the_cluster(capsys, cluster):
     code, out = run_cli(capsys, "--json", "gc", "main_0", "--keep-last", "1", "--keep-meta", "frozen")
     assert code == EXIT_OK and json.loads(out)["deleted"] == ["main_0@v1"]

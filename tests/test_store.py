@@ -7,6 +7,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import lz4.frame
@@ -21,6 +22,7 @@ import policystore
 from policystore import StoreConfig
 from policystore.config import NAMESPACE, store_name
 from policystore.errors import (
+    ConfigError,
     CorruptSnapshotError,
     DiskFullError,
     InvalidOptionError,
@@ -536,3 +538,84 @@ def test_connect_with_a_different_config_is_an_error(make_store):
     store = make_store(hot_capacity_bytes=5 * MiB)
     with pytest.raises(PolicyStoreError, match="already runs with"):
         policystore.connect(StoreConfig(hot_capacity_bytes=6 * MiB, spill_dir=store.config.spill_dir))
+
+
+class _RepeatingMapping(Mapping):
+    """A custom Mapping whose items() repeat a name (a dict cannot)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self._tensor = tensor
+
+    def __getitem__(self, key):
+        return self._tensor
+
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        return iter(["w", "w"])
+
+
+def test_out_of_range_versions_and_repeated_names_are_bad_input(make_store):
+    store = make_store()
+    store.publish("p", {"w": torch.ones(4)})
+    for bad in (2**63, 2**64, -1, True):
+        for call in (store.get, store.delete, store.verify, store.load_module):
+            args = ("p", net) if call == store.load_module else ("p",)
+            with pytest.raises(InvalidPolicyIdError, match="version must be an int"):
+                call(*args, version=bad)
+    with pytest.raises(InvalidWeightsError, match="'w' twice"):
+        store.publish("p", _RepeatingMapping(torch.zeros(2)))
+    assert [i.id.version for i in store.list("p")] == [1]
+    assert store.verify("p").hot is True
+
+
+BAD_CONFIGS = [dict(spill_dir=123), dict(spill_dir=""), dict(durable_uri=123), dict(hot_capacity_bytes=-1),
+               dict(hot_capacity_bytes=True), dict(max_concurrency=1), dict(max_concurrency=2.5),
+               dict(max_watchers=0), dict(max_staleness_s=float("nan")), dict(call_timeout_s=0),
+               dict(call_timeout_s="30"), dict(compress="yes"), dict(league="a/b"), dict(league="")]
+
+
+@pytest.mark.parametrize("fields", BAD_CONFIGS, ids=[repr(f)[:30] for f in BAD_CONFIGS])
+def test_bad_store_config_is_a_config_error(fields):
+    with pytest.raises(ConfigError, match=f"StoreConfig.{next(iter(fields))}|invalid league") as raised:
+        StoreConfig(**fields)
+    assert isinstance(raised.value, ValueError)  # older except-clauses still catch it
+
+
+def test_connect_with_an_unusable_spill_dir_names_the_folder(make_store, tmp_path):
+    make_store()
+    policystore.client.shutdown_all()
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("x")
+    with pytest.raises(PolicyStoreError, match=f"could not start.*{not_a_folder}"):
+        policystore.connect(StoreConfig(spill_dir=str(not_a_folder)))
+    policystore.client.shutdown_all()
+    store = make_store()  # a usable folder works again at once
+    assert store.publish("p", {"w": torch.ones(1)}).version == 1
+
+
+def test_compile_and_weight_norm_work_on_store_built_modules(make_store):
+    store = make_store()
+    source = net()
+    store.publish("p", source.state_dict())
+    x = torch.randn(3, 64)
+    expected = source(x)
+
+    compiled = torch.compile(store.load_module("p", net), backend="eager")  # dynamo traces the guarded weights
+    assert torch.allclose(compiled(x), expected)
+
+    def write(weight):
+        weight.add_(1)
+
+    with pytest.raises(ReadOnlyWeightsError):  # the guard holds inside compiled code too
+        torch.compile(write, backend="eager")(store.load_module("p", net)[0].weight)
+
+    normed = store.load_module("p", net)
+    nn.utils.parametrizations.weight_norm(normed[0])  # nn.Parameter(shared Parameter): a guarded alias
+    assert torch.allclose(normed(x), expected, atol=1e-5)
+    with pytest.raises(ReadOnlyWeightsError):
+        normed[0].parametrizations.weight.original1.add_(1)
+    assert not isinstance(store.load_module("p", net).state_dict()["0.weight"], nn.Parameter)
+    assert torch.equal(store.load_module("p", net)[0].weight, source[0].weight)  # every other module unchanged
+    assert store.verify("p").hot is True
