@@ -44,7 +44,6 @@ from .errors import (
     UnknownVersionError,
 )
 from .ids import SnapshotId, check_policy_id, check_version
-from .journal import read_journal
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Reconciled, Summary
 
 log = logging.getLogger(__name__)
@@ -122,8 +121,7 @@ def _check_node(node_id: Any) -> str:
 class CatalogServer:
     """Run as a Ray actor (see ``client.connect``); a plain class, so tests drive it directly.
 
-    ``db_path``: the sqlite database, on the catalog node's local disk. ``legacy_journal``: where an older
-    catalog kept its JSON-lines journal; if that file exists it is imported once, then renamed ``*.imported``.
+    ``db_path``: the sqlite database, on the catalog node's local disk.
     ``seed``: called when the database is new (first start, a damaged one moved aside, or a catalog restarted on
     another node): returns the durable tier's committed snapshots to ``adopt`` (e.g. a partial of
     ``DurableTier.open(uri).list_committed``), so a fresh catalog over an existing durable URI sees the league.
@@ -133,7 +131,6 @@ class CatalogServer:
         self,
         db_path: str,
         config: StoreConfig,
-        legacy_journal: str | None = None,
         *,
         seed: Callable[[], Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]] | None = None,
         event_log_keep: int = EVENT_LOG_KEEP,
@@ -150,7 +147,6 @@ class CatalogServer:
         if opened.salvage is not None:
             self._write_salvage(opened.salvage)
         self._after_reboot()
-        self._imported = self._import_journal(Path(legacy_journal)) if legacy_journal else 0
         self._epoch = catalogdb.info(self._db, "epoch")
         self._pruned = int(catalogdb.info(self._db, "pruned_through", "0"))
         self._seq = self._current_seq()
@@ -166,13 +162,13 @@ class CatalogServer:
         return self.config
 
     def health(self) -> CatalogHealth:
-        """What startup found (damage, salvage, imports) and how big the catalog is."""
+        """What startup found (damage, salvage, adoption) and how big the catalog is."""
         with self._lock:
             counts = dict(self._db.execute("SELECT state, count(*) FROM snapshots GROUP BY state").fetchall())
             policies = self._db.execute("SELECT count(*) FROM policies WHERE latest > 0").fetchone()[0]
             return CatalogHealth(
                 path=str(self._path), epoch=self._epoch, new=self._new, problems=tuple(self._problems),
-                imported=self._imported, adopted=self._adopted, seq=self._seq, policies=policies,
+                adopted=self._adopted, seq=self._seq, policies=policies,
                 snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0),
             )
 
@@ -549,46 +545,6 @@ class CatalogServer:
         log.warning("catalog: new database, adopted %d snapshots from the durable tier (%d skipped)",
                     len(answer.added), len(answer.skipped))
         return answer
-
-    def _import_journal(self, path: Path) -> int:
-        """Import an older catalog's JSON-lines journal once (then rename it); returns the snapshots imported."""
-        imported_as = path.with_name(path.name + ".imported")
-        if not path.exists():
-            return 0
-        if catalogdb.info(self._db, "journal_imported") == str(path):  # imported, but the rename did not happen
-            path.replace(imported_as)
-            return 0
-        state = read_journal(path)
-        self._problems.extend(f"journal {path}: {p}" for p in state.problems)
-        count = 0
-        with catalogdb.transaction(self._db, durable=True) as db:
-            for (pid, version), (raw, holders) in sorted(state.committed.items()):
-                try:
-                    summary = Summary(int(raw.get("nbytes", 0)), str(raw["checksum"]), raw.get("meta") or {},
-                                      float(raw.get("created", 0.0)), bool(raw.get("durable", False)))
-                    meta = _check_summary(summary)
-                except (KeyError, TypeError, ValueError, InvalidWeightsError) as exc:
-                    self._problems.append(f"journal {path}: {pid}@v{version} not imported: {exc}")
-                    continue
-                if db.execute("SELECT 1 FROM snapshots WHERE pid = ? AND version = ?", (pid, version)).fetchone():
-                    continue
-                self._adopt_one(db, SnapshotId(pid, version), holders[0] if holders else DURABLE, summary, meta)
-                for node in holders[1:]:
-                    self._add_holder(db, SnapshotId(pid, version), node)
-                count += 1
-            for (pid, version), state_name in [*((k, RESERVED) for k in state.reserved), *state.gone.items()]:
-                node = state.reserved.get((pid, version), "")
-                db.execute("INSERT OR IGNORE INTO snapshots (pid, version, state, node) VALUES (?, ?, ?, ?)",
-                           (pid, version, state_name, node))
-            for pid, nxt in state.next.items():
-                db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0) ON CONFLICT (pid) "
-                           "DO UPDATE SET next = max(next, excluded.next), ceiling = max(ceiling, excluded.ceiling)",
-                           (pid, nxt, nxt - 1))
-            db.execute("INSERT OR REPLACE INTO info (key, value) VALUES ('journal_imported', ?)", (str(path),))
-        path.replace(imported_as)
-        log.warning("catalog: imported %d snapshots from the old journal %s (%d records, %d problems); renamed to %s",
-                    count, path, state.records, len(state.problems), imported_as)
-        return count
 
 
 def _to_entry(row: tuple, holders: Sequence[str]) -> CatalogEntry:

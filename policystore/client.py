@@ -250,7 +250,7 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
         # On the head node, with the GCS, whoever starts it and wherever it restarts: on a worker node, that node's
         # loss would stall every publish and "latest" lookup until the GCS declares the node dead (~15-30 s).
         resources={HEAD_NODE_RESOURCE_NAME: 0.001},
-    ).remote(config.catalog_db(session), config, config.catalog_journal(session), seed=_durable_seed(config))
+    ).remote(config.catalog_db(session), config, seed=_durable_seed(config))
 
 
 def _durable_seed(config: StoreConfig) -> Callable[[], list] | None:

@@ -184,14 +184,13 @@ class CatalogHealth:
 
     ``new``: the database was created by this start (first start, or the old one was damaged and moved aside):
     the caller should then ``adopt`` the durable tier's snapshots. ``problems``: everything startup found wrong
-    and what it did about it (damaged database moved aside, rows salvaged, journal lines skipped).
+    and what it did about it (damaged database moved aside, rows salvaged).
     """
 
     path: str
     epoch: str
     new: bool
     problems: tuple[str, ...]
-    imported: int  # snapshots imported from an older catalog's JSON-lines journal by this start
     adopted: int  # snapshots adopted from the durable tier by this start (``seed``, new databases only)
     seq: int
     policies: int

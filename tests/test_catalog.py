@@ -554,7 +554,7 @@ def test_a_file_size_limit_mid_writes_fails_clearly_and_loses_nothing_acknowledg
     assert [e.version for e in catalog.list("p")] == acked
 
 
-# ---- power loss, legacy journal ------------------------------------------------------------------------------
+# ---- power loss -------------------------------------------------------------------------------------------
 def test_after_a_reboot_versions_skip_past_anything_an_unsynced_publish_handed_out(open_catalog, db_path, monkeypatch):
     catalog = open_catalog()
     for _ in range(3):
@@ -568,59 +568,6 @@ def test_after_a_reboot_versions_skip_past_anything_an_unsynced_publish_handed_o
     catalog = open_catalog()
     assert catalog.publish("p", "n1", summary()).version == VERSION_BLOCK + 1  # never 2 or 3 again
     assert catalog.health().epoch != epoch  # watchers that saw v2/v3 events start over
-
-
-def _journal_line(record: dict) -> str:
-    return json.dumps(record, separators=(",", ":"))
-
-
-def test_an_old_json_lines_journal_is_imported_once_with_every_whole_record(open_catalog, db_path):
-    def commit(pid, v, checksum, **summary_fields):
-        fields = {"nbytes": 8, "checksum": checksum, "meta": {"op": {"nested": 1}}, "created": 2.0, "durable": True}
-        record = {"op": "commit", "pid": pid, "v": v, "node": "n1", "summary": {**fields, **summary_fields}}
-        return _journal_line(record)
-
-    torn = commit("a", 2, "crc32c:2")[:40]  # a crash mid-append; the next record went onto the same line
-    lines = [
-        _journal_line({"op": "reserve", "pid": "a", "v": 1, "node": "n1"}),
-        commit("a", 1, "crc32c:1"),
-        _journal_line({"op": "reserve", "pid": "a", "v": 2, "node": "n1"}),
-        _journal_line({"op": "reserve", "pid": "a", "v": 3, "node": "n1"}),
-        torn + commit("a", 3, "crc32c:3"),
-        "this line is garbage",
-        commit("a", 2, "crc32c:2b"),  # committed after v3: latest must still be 3
-        _journal_line({"op": "hold", "pid": "a", "v": 3, "node": "n2"}),
-        _journal_line({"op": "reserve", "pid": "a", "v": 4, "node": "n1"}),  # never committed
-        _journal_line({"op": "reserve", "pid": "b", "v": 1, "node": "n1"}),
-        commit("b", 1, "crc32c:b1", meta={"huge": "x" * (MAX_META_BYTES + 1)}),
-        _journal_line({"op": "reserve", "pid": "c", "v": 1, "node": "n1"}),
-        commit("c", 1, "crc32c:c1"),
-        _journal_line({"op": "delete", "pid": "c", "v": 1}),
-        _journal_line({"op": "commit", "pid": "../x", "v": 1}),
-    ]
-    journal = db_path.parent / "_catalog.jsonl"
-    journal.parent.mkdir(parents=True)
-    journal.write_text("\n".join(lines) + "\n")
-    catalog = open_catalog(legacy_journal=str(journal))
-    health = catalog.health()
-    assert health.imported == 3
-    assert {tuple(e.id): e.summary.checksum for e in catalog.list()} == {
-        ("a", 1): "crc32c:1", ("a", 2): "crc32c:2b", ("a", 3): "crc32c:3"}
-    assert catalog.lookup("a").version == 3 and catalog.lookup("a", 3).holders == ("n1", "n2")
-    assert catalog.lookup("a", 1).summary.meta == {"op": {"nested": 1}}
-    problems = "\n".join(health.problems)
-    assert "line 5: skipped 40 unreadable characters" in problems and "line 6" in problems
-    assert "b@v1 not imported" in problems and "line 15: skipped a malformed record" in problems
-    assert catalog.reconcile("n1", [(SnapshotId("a", 4), "crc32c:4"), (SnapshotId("c", 1), "crc32c:c1")]).discard \
-        == (SnapshotId("a", 4), SnapshotId("c", 1))  # the killed publish and the deleted version
-    assert catalog.publish("c", "n1", summary()).version == 2
-    assert not journal.exists() and journal.with_name("_catalog.jsonl.imported").exists()
-    catalog.close()
-    # Imported once: a journal that reappears (the rename after the import was lost) is not imported again.
-    journal.with_name("_catalog.jsonl.imported").replace(journal)
-    again = open_catalog(legacy_journal=str(journal))
-    assert again.health().imported == 0 and again.health().problems == ()
-    assert len(again.list()) == 4 and not journal.exists()
 
 
 def test_every_catalog_error_is_a_policystore_error():
