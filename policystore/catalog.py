@@ -635,8 +635,9 @@ class CatalogServer:
             for report in reports:
                 self._take_holdings(report)
         self._adopted = self.health().snapshots - before
-        log.warning("catalog: new database, rebuilt %d snapshots from the durable tier and %d stores (%d skipped)",
-                    self._adopted, len(reports) if holdings is not None else 0, self._skipped)
+        log.log(logging.WARNING if self._adopted or self._skipped else logging.INFO,
+                "catalog: new database, rebuilt %d snapshots from the durable tier and %d stores (%d skipped)",
+                self._adopted, len(reports) if holdings is not None else 0, self._skipped)
 
     def _take_holdings(self, report: Holdings) -> None:
         """One live store's copies (adopted, or a conflict reported) and its high-water marks (counters move past)."""

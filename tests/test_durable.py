@@ -148,6 +148,30 @@ def test_remove_uncommits_and_deletes_leftovers(tmp_path):
     tier.remove(sid)  # removing twice is fine
 
 
+def test_the_marker_is_written_only_after_the_catalogs_commit(tmp_path):
+    """``before_marker`` (the catalog's commit) runs once the data object is stored; if it fails, nothing of the
+    snapshot stays: no marker names a version the catalog did not commit."""
+    tier = DurableTier.open(str(tmp_path))
+    buf = _snapshot("p")
+    seen = []
+
+    def commit():
+        seen.append(sorted(p.name.split(".")[-1] for p in (tmp_path / "p").iterdir()))
+        raise RuntimeError("the catalog refused the commit")
+
+    with pytest.raises(RuntimeError, match="refused"):
+        tier.write(SnapshotId("p", 1), buf, parse_header(buf, name="p@v1"), before_marker=commit)
+    assert seen == [["safetensors"]]  # the data object, no marker yet
+    assert tier.list_committed() == [] and list((tmp_path / "p").iterdir()) == []
+    tier.write(SnapshotId("p", 1), buf, parse_header(buf, name="p@v1"), before_marker=lambda: seen.append("ok"))
+    assert seen[-1] == "ok" and tier.find(SnapshotId("p", 1))
+    # Unreadable markers are skipped and said, for a catalog to count.
+    (tmp_path / "p" / f"{2:010d}{MARKER_SUFFIX}").write_text("garbage")
+    listed, skipped = survey(str(tmp_path))
+    assert [sid for sid, _ in listed] == [SnapshotId("p", 1)]
+    assert len(skipped) == 1 and f"{2:010d}{MARKER_SUFFIX}" in skipped[0]
+
+
 # ---- S3: a real S3-compatible server on loopback (the s3_server fixture in conftest.py) ---------------------------
 
 def _s3(port: int, **options) -> pafs.S3FileSystem:
