@@ -686,13 +686,16 @@ class StoreServer:
         """The answer to ``call()``, asked again while the catalog restarts (up to ``_CATALOG_RETRY_S``): only for
         calls that are safe to repeat (idempotent, or carrying a token)."""
         deadline = time.monotonic() + _CATALOG_RETRY_S
+        warned = False
         while True:
             try:
                 return ray.get(call(), timeout=max(deadline - time.monotonic(), 1.0))
             except _CATALOG_DOWN as exc:
                 if time.monotonic() >= deadline:
                     raise
-                log.warning("the catalog did not answer (%s); asking again", type(exc).__name__)
+                if not warned:
+                    log.warning("the catalog did not answer (%s); asking again until it does", type(exc).__name__)
+                    warned = True
                 time.sleep(0.2)
 
     def _withdraw(self, sid: SnapshotId, entry: _Entry) -> None:

@@ -1,6 +1,6 @@
 """The chaos benchmark's --quick run, through its real CLI: faults of every kind, and none of the counts that must
 stay zero moves (acknowledged durable snapshots lost, non-durable ones lost outside the documented bound, wrong or
-torn reads, versions going backwards).
+torn reads, versions going backwards, version numbers reused).
 
 It starts its own multi-node cluster in a subprocess, so this module shares no Ray session.
 """
@@ -32,5 +32,6 @@ def test_quick_chaos_run_loses_nothing_acknowledged_and_serves_nothing_wrong(tmp
     assert summary["nondurable_unexplained"] == 0
     assert summary["wrong_reads"] == 0
     assert summary["backwards"] == 0
+    assert summary["versions_reused"] == 0
     record = json.loads((out / "results.json").read_text())
     assert record["rows"] == rows and (out / "table.md").exists()
