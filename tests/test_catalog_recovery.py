@@ -13,12 +13,12 @@ import functools
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 import ray
 import torch
-from test_push import actor_pid, wait_for, weights_of_mib
 
 import policystore
 from policystore import cli
@@ -27,6 +27,27 @@ from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
 from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.format import pack, parse_header
 from policystore.ids import SnapshotId
+
+WAIT_S = 120  # how long a condition may take to come true on a loaded machine (not a timing claim)
+
+
+def wait_for(condition, what: str):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {WAIT_S} s: {what}")
+
+
+def weights_of_mib(mib: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    return {"w": torch.randn(int(mib * 2**20) // 4, generator=torch.Generator().manual_seed(seed))}
+
+
+def actor_pid(name: str) -> int:
+    actor = ray.get_actor(name, namespace=NAMESPACE)
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
 
 
 def answering(ask):
