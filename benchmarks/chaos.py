@@ -7,7 +7,8 @@ once, racing its background spill and upload); --readers reader threads on every
 --procs reader processes per node, fractional CPUs) get the latest or a listed version, recompute a CRC-32C of the
 tensors they read and check it against the digest the learner recorded in the snapshot's meta and in the ledger,
 and now and then call verify(). An injector (seeded by --seed) SIGKILLs a node's store, the catalog, a reader
-process or a learner in the middle of a publish, and removes a worker node and adds it back.
+process or a learner in the middle of a publish, removes a worker node and adds it back, and deletes the catalog's
+database (or writes garbage over it and its WAL) while the stores run, then SIGKILLs the catalog.
 
 Rows: one per fault kind (how many were injected, recovery time p50/p99/max in seconds) and one summary row:
   durable_lost       acknowledged durable snapshots that cannot be read back afterwards (must be 0)
@@ -15,13 +16,16 @@ Rows: one per fault kind (how many were injected, recovery time p50/p99/max in s
                      their publishing node's store after their publish (must be 0: that is the documented bound)
   wrong_reads        reads whose bytes did not match what the learner recorded (must be 0)
   backwards          a reader saw an older latest version than it had seen before (must be 0)
+  versions_reused    snapshot ids acknowledged or read with two different digests: a version number handed out
+                     again for other bytes (must be 0)
   read_success       successful reads / attempted reads; availability = reader time not inside a stall > 1 s
   longest_stall_s    the longest gap between two successful reads of one reader slot (across its restarts)
   deleted_resurrected  deleted snapshots a fresh catalog on the same durable tier would list (must be 0);
                      racing_deletes counts the deletes issued at once after their publish
 Recovery: store kill -> first read of a new version on that node; catalog kill -> first acknowledged publish and
-first new-version read after it; reader kill -> that reader's next successful read; learner kill -> its next
-acknowledged publish; node cycle -> first new-version read on the node after it is added back.
+first new-version read after it (the same for the catalog's database lost); reader kill -> that reader's next
+successful read; learner kill -> its next acknowledged publish; node cycle -> first new-version read on the node
+after it is added back.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from .harness import MiB
 
 log = logging.getLogger("benchmarks.chaos")
 
-FAULTS = ("store_kill", "catalog_kill", "reader_kill", "learner_kill", "node_cycle")
+FAULTS = ("store_kill", "catalog_kill", "reader_kill", "learner_kill", "node_cycle", "catalog_db_loss")
 HEAD = "chaos_node_0"
 STALL_S = 1.0  # a gap between successful reads longer than this counts as unavailable time
 THIN_S = 0.1  # readers report at most one success timestamp per this interval
@@ -77,8 +81,15 @@ class Monitor:
         self.racing = 0
         self.slots: dict[str, dict[str, Any]] = {}
         self.fresh: dict[int, list[float]] = {}  # node index -> times of first reads of a version in a process
+        self.digests: dict[tuple[str, int], str] = {}  # the first digest acknowledged or read for each id
+        self.reused: set[tuple[str, int]] = set()  # ids that came with another digest later
+
+    def _digest(self, key: tuple[str, int], sha: str) -> None:
+        if self.digests.setdefault(key, sha) != sha:
+            self.reused.add(key)
 
     def ack(self, learner: int, pid: str, version: int, sha: str, durable: bool, t: float) -> None:
+        self._digest((pid, version), sha)
         self.acks[(pid, version)] = {"learner": learner, "digest": sha, "durable": durable, "t": t}
 
     def deleting(self, pid: str, version: int) -> None:
@@ -98,11 +109,14 @@ class Monitor:
             state["errors"][name] = state["errors"].get(name, 0) + n
         state["ok_times"] += batch["ok_times"]
         state["seen"].update({(pid, v): sha for pid, v, sha in batch["seen"]})
+        for pid, v, sha in batch["seen"]:
+            self._digest((pid, v), sha)
         self.fresh.setdefault(node, []).extend(batch["fresh_times"])
 
     def dump(self) -> dict[str, Any]:
         return {"acks": self.acks, "deleted": self.deleted, "slots": self.slots, "fresh": self.fresh,
-                "confirmed": self.confirmed, "racing": self.racing}
+                "confirmed": self.confirmed, "racing": self.racing,
+                "reused": self.reused}
 
 
 class Learner:
@@ -339,6 +353,23 @@ class Chaos:
             self._kill_learner_mid_publish(index)
         elif kind == "node_cycle" and self.args.nodes > 1:
             self._cycle_node(self.rng.randrange(1, self.args.nodes))
+        elif kind == "catalog_db_loss":
+            self._lose_catalog_db()
+
+    def _lose_catalog_db(self) -> None:
+        """Delete the catalog's database, or write garbage over it and its WAL, while the stores run; then SIGKILL
+        the catalog, which restarts without it and must rebuild the league from the stores and the durable tier."""
+        db = Path(self.store.config.catalog_db(ray.get_runtime_context().get_session_name()))
+        garbage = self.rng.random() < 0.5
+        for suffix in ("", "-wal", "-shm"):
+            part = Path(f"{db}{suffix}")
+            with contextlib.suppress(OSError):
+                if garbage:
+                    part.write_bytes(os.urandom(max(part.stat().st_size, 4096)))
+                else:
+                    part.unlink()
+        if self._kill("ray::CatalogServer"):
+            self.faults.append(Fault("catalog_db_loss", time.time(), "garbage" if garbage else "deleted"))
 
     def _pid(self, name: str) -> int | None:
         """The process id an actor wrote when it (re)started."""
@@ -447,7 +478,7 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, run_s: float) -> 
     for fault in chaos.faults:
         if fault.kind == "store_kill":
             value = first_after(fresh.get(fault.node, []), fault.t)
-        elif fault.kind == "catalog_kill":
+        elif fault.kind in ("catalog_kill", "catalog_db_loss"):
             a = first_after(all_acks, fault.t)
             r = None if a is None else first_after(all_fresh, fault.t + a)
             value = None if r is None else a + r
@@ -500,6 +531,7 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, run_s: float) -> 
         "wrong_reads": sum(st["wrong"] for st in slots.values()) + seen_wrong + sum(
             1 for why in outcome.values() if why == "wrong"),
         "backwards": sum(st["backwards"] for st in slots.values()),
+        "versions_reused": len(data["reused"]),
         "corrupt_refused": sum(st["corrupt_refused"] for st in slots.values()),
         "deleted_version_reads": sum(st["deleted"] for st in slots.values()),
         "reads": ok,
@@ -565,6 +597,7 @@ def main() -> None:
         f"summary: durable lost {summary['durable_lost']} of {summary['durable_acked']}; non-durable lost "
         f"{summary['nondurable_lost']} of {summary['nondurable_acked']} ({summary['nondurable_unexplained']} "
         f"outside the bound); wrong reads {summary['wrong_reads']}; backwards {summary['backwards']}; "
+        f"versions reused {summary['versions_reused']}; "
         f"deleted resurrected {summary['deleted_resurrected']} of {summary['racing_deletes']} racing deletes; "
         f"read success {summary['read_success']:.4f}, availability {summary['availability']:.4f}, longest stall "
         f"{summary['longest_stall_s']} s over {summary['reads']} reads",

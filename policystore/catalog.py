@@ -10,6 +10,18 @@ instead of leaving a phantom entry. Publishing a durable snapshot is two-phase (
 files, ``commit``), so a store killed mid-publish leaves the snapshot complete or absent; a non-durable publish is
 one call (``publish``). Latest is always the highest committed version, whatever order commits arrive in.
 
+The catalog's commit is the one commit point of a snapshot: a version is visible once its row is committed here,
+and nowhere before (a durable commit marker is written only after it). A publish that fails after the commit
+takes the version back (``withdraw``), and a store that lost the catalog's reply asks again with what makes the
+call safe to repeat (``commit`` is idempotent, ``publish`` carries a token), so no version is left listed without
+the copy it was committed with.
+
+A catalog that starts with a new database (the file lost, or damaged and moved aside) rebuilds the league before
+it answers anything: from the durable tier's commit markers and from every live store's holdings
+(``ask_stores``), and each policy's versions continue after the highest version any of them has seen, so a
+version number is never handed out again for other bytes. One bad marker or report is skipped and reported
+(``health().skipped``, ``problems``), never fatal.
+
 What must survive a power cut is synced (``synchronous=FULL``): reserve, durable commits, deletes, adoption.
 A non-durable publish is not (its bytes live in memory and would not survive either); version numbers still never
 repeat, because each policy's versions are handed out from a block whose end is synced first, and a catalog that
@@ -26,7 +38,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,17 +47,17 @@ import ray
 
 from . import catalogdb
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
-from .config import StoreConfig
+from .config import NAMESPACE, StoreConfig, store_name
 from .errors import (
     InvalidMetaError,
+    InvalidPolicyIdError,
     InvalidWeightsError,
     PolicyStoreError,
     UnknownPolicyError,
     UnknownVersionError,
 )
 from .ids import SnapshotId, check_policy_id, check_version
-from .journal import read_journal
-from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Reconciled, Summary
+from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Summary
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +71,10 @@ VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version 
 MAX_WATCH_S = 60.0
 MAX_EVENTS = 1000  # per watch answer; the watcher asks again from the answer's seq
 EVENT_LOG_KEEP = 10_000  # events kept for watchers that fall behind; older ones get a reset
+# The highest version the catalog takes from a store or a marker: far beyond any real league, and leaves room for
+# the version counters (version + a block) inside sqlite's 64-bit integers.
+MAX_VERSION = 2**62
+REBUILD_WAIT_S = 30.0  # how long a catalog with a new database waits for the live stores' holdings
 
 _ENTRY = "SELECT pid, version, nbytes, checksum, meta, created, durable FROM snapshots"
 
@@ -103,14 +119,27 @@ def _check_reports(entries: Sequence[tuple[Any, Any]], to_summary: Callable[[Any
     """Reported (id, summary) pairs checked before anything is written: (id, summary, meta JSON) for the valid
     ones, (id, why) for the others; one bad report never stops the others from being taken."""
     valid, invalid = [], []
-    for sid, what in entries:
-        sid = SnapshotId(check_policy_id(sid[0]), check_version(sid[1]))
+    for raw, what in entries:
+        try:
+            sid = _check_id(raw)
+        except (PolicyStoreError, TypeError, ValueError) as exc:
+            invalid.append((SnapshotId(*raw) if isinstance(raw, tuple) and len(raw) == 2 else raw, str(exc)))
+            continue
         try:
             summary = to_summary(what)
             valid.append((sid, summary, _check_summary(summary)))
         except (TypeError, InvalidWeightsError) as exc:
             invalid.append((sid, str(exc)))
     return valid, invalid
+
+
+def _check_id(raw: Any) -> SnapshotId:
+    """A reported snapshot id, checked (policy id, version from 1 to ``MAX_VERSION``)."""
+    policy_id, version = raw
+    sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+    if sid.version > MAX_VERSION:
+        raise InvalidPolicyIdError(f"{sid}: version is beyond the catalog's limit of {MAX_VERSION}")
+    return sid
 
 
 def _check_node(node_id: Any) -> str:
@@ -122,20 +151,21 @@ def _check_node(node_id: Any) -> str:
 class CatalogServer:
     """Run as a Ray actor (see ``client.connect``); a plain class, so tests drive it directly.
 
-    ``db_path``: the sqlite database, on the catalog node's local disk. ``legacy_journal``: where an older
-    catalog kept its JSON-lines journal; if that file exists it is imported once, then renamed ``*.imported``.
-    ``seed``: called when the database is new (first start, a damaged one moved aside, or a catalog restarted on
-    another node): returns the durable tier's committed snapshots to ``adopt`` (e.g. a partial of
-    ``DurableTier.open(uri).list_committed``), so a fresh catalog over an existing durable URI sees the league.
+    ``db_path``: the sqlite database, on the catalog node's local disk. When the database is new (first start, or
+    the old one lost or damaged), the catalog rebuilds the league before it serves anything:
+    ``seed`` returns the durable tier's committed snapshots, one line per marker it skipped and the deleted ids
+    whose numbers stay used (e.g. a partial of ``durable.survey``), taken with ``adopt``; ``holdings`` returns what the live stores hold and one line per
+    store that did not answer (``ask_stores``), taken with ``reconcile``.
     """
 
     def __init__(
         self,
         db_path: str,
         config: StoreConfig,
-        legacy_journal: str | None = None,
         *,
-        seed: Callable[[], Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]] | None = None,
+        seed: Callable[[], tuple[Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]], Sequence[str],
+                                  Sequence[SnapshotId]]] | None = None,
+        holdings: Callable[[], tuple[Sequence[Holdings], Sequence[str]]] | None = None,
         event_log_keep: int = EVENT_LOG_KEEP,
     ):
         self.config = config  # the cluster's store settings: stores started later, anywhere, use them
@@ -150,12 +180,12 @@ class CatalogServer:
         if opened.salvage is not None:
             self._write_salvage(opened.salvage)
         self._after_reboot()
-        self._imported = self._import_journal(Path(legacy_journal)) if legacy_journal else 0
         self._epoch = catalogdb.info(self._db, "epoch")
         self._pruned = int(catalogdb.info(self._db, "pruned_through", "0"))
         self._seq = self._current_seq()
-        seeded = self._seed(seed) if self._new and seed is not None else None
-        self._adopted = len(seeded.added) if seeded else 0
+        self._adopted = self._skipped = 0
+        if self._new:
+            self._rebuild(seed, holdings)
         for problem in self._problems:
             log.error("catalog: %s", problem)
         health = self.health()
@@ -166,13 +196,13 @@ class CatalogServer:
         return self.config
 
     def health(self) -> CatalogHealth:
-        """What startup found (damage, salvage, imports) and how big the catalog is."""
+        """What startup found (damage, salvage, adoption) and how big the catalog is."""
         with self._lock:
             counts = dict(self._db.execute("SELECT state, count(*) FROM snapshots GROUP BY state").fetchall())
             policies = self._db.execute("SELECT count(*) FROM policies WHERE latest > 0").fetchone()[0]
             return CatalogHealth(
                 path=str(self._path), epoch=self._epoch, new=self._new, problems=tuple(self._problems),
-                imported=self._imported, adopted=self._adopted, seq=self._seq, policies=policies,
+                adopted=self._adopted, skipped=self._skipped, seq=self._seq, policies=policies,
                 snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0),
             )
 
@@ -207,26 +237,48 @@ class CatalogServer:
             self._record_commit(db, sid, node_id, summary, meta)
         return self._entry(sid)
 
-    def publish(self, policy_id: str, node_id: str, summary: Summary) -> CatalogEntry:
-        """Reserve and commit a new version in one call and one transaction (a non-durable publish's one trip)."""
+    def publish(self, policy_id: str, node_id: str, summary: Summary, token: str | None = None) -> CatalogEntry:
+        """Reserve and commit a new version in one call and one transaction (a non-durable publish's one trip).
+
+        ``token`` (unique per publish) makes the call safe to repeat: asked again with the same token, the catalog
+        answers with the version that token was given instead of handing out another one.
+        """
         check_policy_id(policy_id)
         meta = _check_summary(summary)
         _check_node(node_id)
+        if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 64):
+            raise InvalidWeightsError(f"publish token must be a str of 1 to 64 characters, got {token!r}")
         with self._lock:
+            row = self._db.execute("SELECT pid, version FROM publishes WHERE token = ?", (token,)).fetchone()
+            if row is not None:
+                try:
+                    return self._entry(SnapshotId(*row))
+                except KeyError:
+                    raise UnknownVersionError(f"{SnapshotId(*row)} was published by this call, then deleted") from None
             durable = summary.durable or self._block_spent(policy_id)
             with self._write(durable=durable) as db:
                 sid = SnapshotId(policy_id, self._next_version(db, policy_id))
                 db.execute("INSERT INTO snapshots (pid, version, state, node) VALUES (?, ?, ?, ?)",
                            (*sid, RESERVED, node_id))
                 self._record_commit(db, sid, node_id, summary, meta)
+                if token is not None:
+                    db.execute("INSERT INTO publishes (token, pid, version) VALUES (?, ?, ?)", (token, *sid))
             return self._entry(sid)
 
-    def abort(self, policy_id: str, version: int) -> None:
-        """Give up a reserved version (the publish failed); its number is never handed out again."""
+    def withdraw(self, policy_id: str, version: int, node_id: str) -> None:
+        """Take back a version whose publish on ``node_id`` failed: reserved, it is aborted; committed (the publish
+        failed after the catalog's commit, e.g. writing the durable marker), it is deleted, so no version stays
+        listed without the copy it was committed with. Its number is never handed out again; repeating is harmless.
+        """
         sid = SnapshotId(check_policy_id(policy_id), check_version(version))
-        with self._write(durable=False) as db:
-            db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ? AND state = ?",
-                       (ABORTED, *sid, RESERVED))
+        _check_node(node_id)
+        with self._write(durable=True) as db:
+            row = db.execute("SELECT state, node FROM snapshots WHERE pid = ? AND version = ?", sid).fetchone()
+            if row == (RESERVED, node_id):
+                db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ?", (ABORTED, *sid))
+            elif row == (COMMITTED, node_id):
+                self._tombstone(db, sid)
+                self._refresh_latest(db, policy_id)
 
     # ---- holders -------------------------------------------------------------------------------------------
     def hold(self, policy_id: str, version: int, node_id: str) -> None:
@@ -241,7 +293,8 @@ class CatalogServer:
         with self._write(durable=False) as db:
             db.execute("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?", (*sid, node_id))
 
-    def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, str | Summary]]) -> Reconciled:
+    def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, str | Summary]], *,
+                  restarted: bool = True) -> Reconciled:
         """A (re)started store reports the copies on its disk (with their checksum, or better their summary).
 
         Answers which to discard (reserved by this node and never committed: a publish killed midway; aborted;
@@ -249,6 +302,10 @@ class CatalogServer:
         version another node is publishing now): a conflicting file is never grounds to delete a copy. Copies the
         catalog has no record of (a spill folder from an earlier catalog database) are adopted as committed.
         Committed versions the node no longer reports lose it as a holder.
+
+        ``restarted``: the store has just started (before its first reservation), so every version still reserved
+        by its node was left by a publish that died with the previous store: aborted, and in ``discard`` (the
+        store removes whatever that publish left). False when a running store re-registers with a new catalog.
         """
         _check_node(node_id)
         reports, quarantine = _check_reports(
@@ -279,6 +336,12 @@ class CatalogServer:
                     if (pid, v) not in kept]
             db.executemany("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?",
                            [(pid, v, node_id) for pid, v in gone])
+            if restarted:
+                dead = [SnapshotId(*row) for row in db.execute(
+                    "SELECT pid, version FROM snapshots WHERE node = ? AND state = ?", (node_id, RESERVED))]
+                db.executemany("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ?",
+                               [(ABORTED, *sid) for sid in dead])
+                discard.extend(dead)
         return Reconciled(tuple(discard), tuple(quarantine))
 
     def adopt(self, entries: Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]) -> Adopted:
@@ -362,9 +425,7 @@ class CatalogServer:
         with self._write(durable=True) as db:
             entries = self.list(policy_id) if version is None else [self.lookup(policy_id, version)]
             for entry in entries:
-                db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ?", (DELETED, *entry.id))
-                db.execute("DELETE FROM holders WHERE pid = ? AND version = ?", entry.id)
-                self._log_event(db, "delete", entry.id)
+                self._tombstone(db, entry.id)
             self._refresh_latest(db, policy_id)
         return entries
 
@@ -442,6 +503,8 @@ class CatalogServer:
         try:
             with catalogdb.transaction(self._db, durable=False) as db:
                 db.execute("DELETE FROM events WHERE seq <= ?", (through,))
+                db.execute("DELETE FROM publishes WHERE rowid <= (SELECT max(rowid) FROM publishes) - ?",
+                           (self._keep,))
                 db.execute("UPDATE info SET value = ? WHERE key = 'pruned_through'", (str(through),))
             self._pruned = through
         except PolicyStoreError as exc:
@@ -475,16 +538,27 @@ class CatalogServer:
 
     def _adopt_one(self, db: Any, sid: SnapshotId, holder: str, summary: Summary, meta: str) -> None:
         """A committed snapshot the catalog had no record of; its version counter moves past it."""
-        db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0) ON CONFLICT (pid) DO "
-                   "UPDATE SET next = max(next, excluded.next), ceiling = max(ceiling, excluded.ceiling)",
-                   (sid.policy_id, sid.version + 1, sid.version))
+        self._raise_counter(db, sid.policy_id, sid.version)
         db.execute("INSERT INTO snapshots (pid, version, state, node) VALUES (?, ?, ?, ?)", (*sid, RESERVED, holder))
         self._record_commit(db, sid, holder, summary, meta)
+
+    @staticmethod
+    def _raise_counter(db: Any, policy_id: str, version: int) -> None:
+        """Versions of ``policy_id`` continue after ``version`` (never before what they already were)."""
+        db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0) ON CONFLICT (pid) DO "
+                   "UPDATE SET next = max(next, excluded.next), ceiling = max(ceiling, excluded.ceiling)",
+                   (policy_id, version + 1, version))
 
     @staticmethod
     def _add_holder(db: Any, sid: SnapshotId, node_id: str) -> None:
         db.execute("INSERT OR IGNORE INTO holders (pid, version, node) SELECT pid, version, ? FROM snapshots "
                    "WHERE pid = ? AND version = ? AND state = ?", (node_id, *sid, COMMITTED))
+
+    def _tombstone(self, db: Any, sid: SnapshotId) -> None:
+        """Delete a committed version, keeping its row so that its number is never handed out again."""
+        db.execute("UPDATE snapshots SET state = ? WHERE pid = ? AND version = ?", (DELETED, *sid))
+        db.execute("DELETE FROM holders WHERE pid = ? AND version = ?", sid)
+        self._log_event(db, "delete", sid)
 
     @staticmethod
     def _log_event(db: Any, kind: str, sid: SnapshotId) -> None:
@@ -537,61 +611,83 @@ class CatalogServer:
         log.info("catalog: the machine restarted since the database was last used; versions continue after "
                  "each policy's synced block and watchers start over (new epoch)")
 
-    def _seed(self, seed: Callable[[], Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]]) -> Adopted | None:
-        """Adopt what ``seed`` lists into a new database; a seed that fails is reported, never fatal."""
+    def _rebuild(self, seed: Callable[[], tuple[Sequence, Sequence[str], Sequence[SnapshotId]]] | None,
+                 holdings: Callable[[], tuple[Sequence[Holdings], Sequence[str]]] | None) -> None:
+        """A new database learns the league before it hands out any version: the durable tier's markers first (the
+        copy that outlives any node), then every live store's holdings and the highest version each store has seen.
+        Whatever fails is reported and skipped: the catalog always starts."""
+        before = self.health().snapshots
+        if seed is not None:
+            try:
+                entries, skipped, deleted = seed()
+                self._report_skipped(f"durable tier: {line}" for line in skipped)
+                with self._write(durable=True) as db:  # deleted versions' numbers stay used
+                    for sid in deleted:
+                        self._raise_counter(db, *sid)
+                answer = self.adopt(entries)
+                self._report_skipped(f"not adopted from the durable tier: {line}" for line in answer.skipped)
+            except Exception as exc:  # the durable tier unreachable: start, say so; the stores still report
+                self._problems.append(f"could not rebuild the catalog from the durable tier: {type(exc).__name__}: "
+                                      f"{exc}")
+        if holdings is not None:
+            try:
+                reports, unheard = holdings()
+            except Exception as exc:
+                reports, unheard = [], [f"could not ask the stores what they hold: {type(exc).__name__}: {exc}"]
+            self._problems.extend(unheard)
+            for report in reports:
+                self._take_holdings(report)
+        self._adopted = self.health().snapshots - before
+        log.log(logging.WARNING if self._adopted or self._skipped else logging.INFO,
+                "catalog: new database, rebuilt %d snapshots from the durable tier and %d stores (%d skipped)",
+                self._adopted, len(reports) if holdings is not None else 0, self._skipped)
+
+    def _take_holdings(self, report: Holdings) -> None:
+        """One live store's copies (adopted, or a conflict reported) and its high-water marks (counters move past)."""
         try:
-            entries = seed()
-        except Exception as exc:  # the durable tier unreachable: start, say so, and let the stores re-report
-            self._problems.append(f"could not list the durable tier to rebuild the catalog: {type(exc).__name__}: "
-                                  f"{exc}")
-            return None
-        answer = self.adopt(entries)
-        log.warning("catalog: new database, adopted %d snapshots from the durable tier (%d skipped)",
-                    len(answer.added), len(answer.skipped))
-        return answer
-
-    def _import_journal(self, path: Path) -> int:
-        """Import an older catalog's JSON-lines journal once (then rename it); returns the snapshots imported."""
-        imported_as = path.with_name(path.name + ".imported")
-        if not path.exists():
-            return 0
-        if catalogdb.info(self._db, "journal_imported") == str(path):  # imported, but the rename did not happen
-            path.replace(imported_as)
-            return 0
-        state = read_journal(path)
-        self._problems.extend(f"journal {path}: {p}" for p in state.problems)
-        count = 0
-        with catalogdb.transaction(self._db, durable=True) as db:
-            for (pid, version), (raw, holders) in sorted(state.committed.items()):
+            answer = self.reconcile(report.node_id, report.snapshots, restarted=False)
+            high = []
+            for policy_id, version in dict(report.high_water).items():
                 try:
-                    summary = Summary(int(raw.get("nbytes", 0)), str(raw["checksum"]), raw.get("meta") or {},
-                                      float(raw.get("created", 0.0)), bool(raw.get("durable", False)))
-                    meta = _check_summary(summary)
-                except (KeyError, TypeError, ValueError, InvalidWeightsError) as exc:
-                    self._problems.append(f"journal {path}: {pid}@v{version} not imported: {exc}")
-                    continue
-                if db.execute("SELECT 1 FROM snapshots WHERE pid = ? AND version = ?", (pid, version)).fetchone():
-                    continue
-                self._adopt_one(db, SnapshotId(pid, version), holders[0] if holders else DURABLE, summary, meta)
-                for node in holders[1:]:
-                    self._add_holder(db, SnapshotId(pid, version), node)
-                count += 1
-            for (pid, version), state_name in [*((k, RESERVED) for k in state.reserved), *state.gone.items()]:
-                node = state.reserved.get((pid, version), "")
-                db.execute("INSERT OR IGNORE INTO snapshots (pid, version, state, node) VALUES (?, ?, ?, ?)",
-                           (pid, version, state_name, node))
-            for pid, nxt in state.next.items():
-                db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0) ON CONFLICT (pid) "
-                           "DO UPDATE SET next = max(next, excluded.next), ceiling = max(ceiling, excluded.ceiling)",
-                           (pid, nxt, nxt - 1))
-            db.execute("INSERT OR REPLACE INTO info (key, value) VALUES ('journal_imported', ?)", (str(path),))
-        path.replace(imported_as)
-        log.warning("catalog: imported %d snapshots from the old journal %s (%d records, %d problems); renamed to %s",
-                    count, path, state.records, len(state.problems), imported_as)
-        return count
+                    high.append(_check_id((policy_id, version)))
+                except (PolicyStoreError, TypeError, ValueError) as exc:
+                    self._report_skipped([f"node {report.node_id}: high-water mark not taken: {exc}"])
+            with self._write(durable=True) as db:
+                for sid in high:
+                    self._raise_counter(db, *sid)
+        except Exception as exc:  # a malformed report: the store re-registers when it sees the new epoch
+            self._report_skipped([f"node {report.node_id}: report not taken: {type(exc).__name__}: {exc}"])
+            return
+        self._report_skipped(f"node {report.node_id}: {sid} not taken: {why}" for sid, why in answer.quarantine)
 
+    def _report_skipped(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self._problems.append(line)
+            self._skipped += 1
 
 def _to_entry(row: tuple, holders: Sequence[str]) -> CatalogEntry:
     pid, version, nbytes, checksum, meta, created, durable = row
     return CatalogEntry(SnapshotId(pid, version), Summary(nbytes, checksum, json.loads(meta), created, bool(durable)),
                         tuple(holders))
+
+
+def ask_stores(league: str, timeout_s: float = REBUILD_WAIT_S) -> tuple[list[Holdings], list[str]]:
+    """Every live store's holdings in ``league`` (``StoreServer.holdings``), for a catalog rebuilding a new database, and one
+    line per store that did not answer within ``timeout_s`` (it re-registers when it sees the new catalog)."""
+    calls: dict[ray.ObjectRef, str] = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            try:
+                store = ray.get_actor(store_name(node["NodeID"], league), namespace=NAMESPACE)
+            except ValueError:
+                continue  # no store on that node
+            calls[store.holdings.remote()] = node["NodeID"]
+    ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=timeout_s) if calls else ([], [])
+    reports, problems = [], [f"the store on node {calls[ref]} did not report within {timeout_s:.0f} s" for ref in late]
+    for ref in ready:
+        try:
+            reports.append(ray.get(ref))
+        except Exception as exc:
+            problems.append(f"the store on node {calls[ref]} could not report: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:200]}")
+    return reports, problems

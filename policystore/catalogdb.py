@@ -53,8 +53,11 @@ CREATE INDEX IF NOT EXISTS holders_by_node ON holders (node);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, pid TEXT NOT NULL, version INTEGER NOT NULL
 );
+-- the token of each recent one-call publish: a store that lost the reply (the catalog was killed after its
+-- commit) asks again with the same token and gets the version it was given, never a second one
+CREATE TABLE IF NOT EXISTS publishes (token TEXT PRIMARY KEY, pid TEXT NOT NULL, version INTEGER NOT NULL);
 """
-TABLES = {"info", "policies", "snapshots", "holders", "events"}
+TABLES = {"info", "policies", "snapshots", "holders", "events", "publishes"}
 
 
 @dataclass

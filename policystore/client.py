@@ -27,7 +27,7 @@ from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from . import errors
-from .catalog import CatalogServer
+from .catalog import CatalogServer, ask_stores
 from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, check_league, store_name
 from .deadline import wait
 from .errors import (
@@ -302,7 +302,8 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
         # On the head node, with the GCS, whoever starts it and wherever it restarts: on a worker node, that node's
         # loss would stall every publish and "latest" lookup until the GCS declares the node dead (~15-30 s).
         resources={HEAD_NODE_RESOURCE_NAME: 0.001},
-    ).remote(config.catalog_db(session), config, config.catalog_journal(session), seed=_durable_seed(config))
+    ).remote(config.catalog_db(session), config, seed=_durable_seed(config),
+               holdings=functools.partial(ask_stores, config.league))
 
 
 def _catalog_handle(league: str) -> ray.actor.ActorHandle:
@@ -314,13 +315,13 @@ def _catalog_handle(league: str) -> ray.actor.ActorHandle:
                                     "stopped; its log says why)") from None
 
 
-def _durable_seed(config: StoreConfig) -> Callable[[], list] | None:
+def _durable_seed(config: StoreConfig) -> Callable[[], tuple[list, list[str], list[SnapshotId]]] | None:
     """What a new catalog database adopts: the league committed in the durable tier (None without one)."""
     if config.durable_uri is None:
         return None
-    from .durable import list_committed
+    from .durable import survey
 
-    return functools.partial(list_committed, config.durable_uri)
+    return functools.partial(survey, config.durable_uri)
 
 
 def _store_actor(node_id: str, config: StoreConfig | None, league: str) -> ray.actor.ActorHandle:

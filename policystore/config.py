@@ -105,14 +105,6 @@ class StoreConfig:
         root = self._local_root(session_name)
         return root if self.spill_dir is not None else os.path.join(root, node_id)
 
-    def catalog_journal(self, session_name: str) -> str:
-        """Where an older catalog kept its JSON-lines journal (imported once by the catalog if it is there): in a
-        durable folder if the durable tier is a local or mounted path, else beside the spill folders."""
-        uri = self.durable_uri
-        folder = None if uri is None or "://" in uri.removeprefix("file://") else uri.removeprefix("file://")
-        return os.path.join(os.path.abspath(os.path.expanduser(folder)) if folder else self._local_root(session_name),
-                            "_catalog.jsonl")
-
     def catalog_db(self, session_name: str) -> str:
         """The catalog's sqlite database: on local disk (beside the spill folders), never on a shared mount."""
         return os.path.join(self._local_root(session_name), "_catalog.sqlite3")

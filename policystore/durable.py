@@ -8,7 +8,8 @@ two steps that need neither:
    ``<root>/<policy_id>/<version:010d>.<token>.safetensors``; the writer checksums the bytes as they leave and
    checks the stored object's size;
 2. then a small commit marker, ``<root>/<policy_id>/<version:010d>.commit.json``, names that data object with its
-   size, its checksum and the snapshot's summary. Writing the marker is the commit point.
+   size, its checksum and the snapshot's summary. A publish writes it only after the catalog's commit (the one
+   commit point, ``write(before_marker=...)``), so a marker never names a version the cluster did not commit.
 
 A reader trusts only a marker, and verifies the data object against it (size, then the checksum over the bytes
 it read), so an upload that died halfway, or a data object without its marker, is never read as a snapshot.
@@ -30,7 +31,7 @@ import os
 import posixpath
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -129,8 +130,12 @@ class DurableTier:
         return posixpath.join(self._folder(sid.policy_id), f"{check_version(sid.version):010d}{TOMBSTONE_SUFFIX}")
 
     # ---- writing -------------------------------------------------------------------------------------------
-    def write(self, sid: SnapshotId, buf: np.ndarray, header: Header) -> None:
+    def write(self, sid: SnapshotId, buf: np.ndarray, header: Header, *,
+              before_marker: Callable[[], None] | None = None) -> None:
         """Store ``buf`` (the packed snapshot ``header`` describes) as ``sid`` and commit it.
+
+        ``before_marker`` runs once the data object is stored and checked, before the marker is written (the
+        catalog's commit): if it raises, no marker is written and the data object is removed.
 
         Returns once the marker is written. Raises DurableTierError if the storage fails (nothing is committed
         then, unless the failure hit the reply to the marker's own write: a later ``find`` tells), and
@@ -147,6 +152,8 @@ class DurableTier:
         existing = self._commit(sid)
         if existing is not None:
             if existing.checksum == header.checksum:
+                if before_marker is not None:
+                    before_marker()
                 return
             raise DurableTierError(
                 f"{what} is already committed with checksum {existing.checksum}, not {header.checksum}"
@@ -168,6 +175,8 @@ class DurableTier:
                 raise DurableTierError(f"{what}: stored object {path} is {stored.size} bytes, wrote {header.nbytes}")
             commit = Commit(sid.policy_id, sid.version, name, header.nbytes, header.checksum, header.user_meta,
                             float(header.metadata.get(META_CREATED, 0)))
+            if before_marker is not None:
+                before_marker()
             committing = True
             _io(lambda: self._put_marker(sid, commit), f"commit {what}")
             if self.deleted(sid):  # deleted while this write was under way: the tombstone wins
@@ -272,15 +281,16 @@ class DurableTier:
             )
         return buf
 
-    def list_committed(self) -> list[tuple[SnapshotId, dict[str, Any]]]:
+    def list_committed(self, skipped: list[str] | None = None) -> list[tuple[SnapshotId, dict[str, Any]]]:
         """Every committed snapshot, ``(id, summary)`` in id order, from the markers alone.
 
         This is how a fresh catalog learns the league from the URI: summaries have the fields of
-        ``wire.Summary``. Unreadable or inconsistent markers are logged and skipped, never raised.
+        ``wire.Summary``. Unreadable or inconsistent markers are logged and skipped, never raised (and said in
+        ``skipped``, one line each, when given).
         """
         found = []
         for sid in sorted(self.committed_ids()):
-            commit = self._commit(sid)
+            commit = self._commit(sid, skipped)
             if commit is not None:
                 found.append((sid, commit.summary()))
         return sorted(found, key=lambda item: item[0])
@@ -316,8 +326,9 @@ class DurableTier:
         except InvalidPolicyIdError:
             return None
 
-    def _commit(self, sid: SnapshotId) -> Commit | None:
-        """The marker of ``sid`` if it exists and names ``sid``; an unreadable one counts as absent (logged)."""
+    def _commit(self, sid: SnapshotId, skipped: list[str] | None = None) -> Commit | None:
+        """The marker of ``sid`` if it exists and names ``sid``; an unreadable one counts as absent (logged, and
+        said in ``skipped`` when given)."""
         path = self._marker_path(sid)
         try:
             with self.fs.open_input_stream(path) as f:
@@ -335,12 +346,15 @@ class DurableTier:
         except (pa.ArrowException, OSError) as exc:
             raise DurableTierError(f"cannot read the commit marker {path}: {_first_line(exc)}") from None
         except (ValueError, TypeError) as exc:  # torn or foreign JSON
-            log.warning("ignoring unreadable commit marker %s: %s", path, exc)
-            return None
-        if not ok:
-            log.warning("ignoring commit marker %s: it does not describe %s", path, sid)
-            return None
-        return commit
+            problem = f"ignoring unreadable commit marker {path}: {exc}"
+        else:
+            if ok:
+                return commit
+            problem = f"ignoring commit marker {path}: it does not describe {sid}"
+        log.warning("%s", problem)
+        if skipped is not None:
+            skipped.append(problem)
+        return None
 
     # ---- removal -------------------------------------------------------------------------------------------
     def remove(self, sid: SnapshotId) -> None:
@@ -403,7 +417,10 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def list_committed(uri: str) -> list[tuple[SnapshotId, dict[str, Any]]]:
-    """``DurableTier.open(uri).list_committed()`` as a plain function, so ``functools.partial(list_committed, uri)``
-    can travel to the catalog actor (as its ``seed``) and open the storage there."""
-    return DurableTier.open(uri).list_committed()
+def survey(uri: str) -> tuple[list[tuple[SnapshotId, dict[str, Any]]], list[str], list[SnapshotId]]:
+    """The committed snapshots at ``uri``, one line per marker skipped, and the deleted (tombstoned) ids, whose
+    numbers a rebuilt catalog must never hand out again; a plain function, so that ``functools.partial(survey,
+    uri)`` can travel to the catalog actor (as its ``seed``) and open the storage there."""
+    tier = DurableTier.open(uri)
+    skipped: list[str] = []
+    return tier.list_committed(skipped), skipped, sorted(tier.deleted_ids())

@@ -22,9 +22,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,6 +58,7 @@ from .watch import Feed
 from .wire import (
     CatalogEntry,
     CatalogEvents,
+    Holdings,
     HotSnapshot,
     Reconciled,
     SnapshotInfo,
@@ -73,12 +76,17 @@ log = logging.getLogger(__name__)
 
 DURABLE = "durable"  # the holder name of the shared durable tier in the catalog
 _FETCH_TIMEOUT_S = 120.0
+# How long a publish waits for a restarting catalog to answer a call that is safe to repeat, so that a catalog
+# killed between its commit and its reply never leaves a version listed whose publish gave up on it.
+_CATALOG_RETRY_S = 60.0
+_CATALOG_DOWN = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
 _GAUGE_INTERVAL_S = 2.0
 
 
 @dataclass
 class _Entry:
     header: Header
+    durable: bool = False  # published durably (a copy found on disk at startup: not known, False)
     file: SpillFile | None = None  # committed local spill file
     pending: Future | None = None  # background spill in flight
     spill_error: str | None = None  # the background spill failed (disk full): the snapshot can only stay hot
@@ -159,22 +167,30 @@ class StoreServer:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="policystore-spill")
         self._counters: Counter[str] = Counter()
         self.uploads = _open_queue(self)
+        self._high: dict[str, int] = {}  # per policy, the highest version seen handed out (see ``holdings``)
         for found in self.disk.scan().entries:
-            self._policies.setdefault(found.id.policy_id, {})[found.id.version] = _Entry(found.header, found.file)
-        # Tell the catalog what survived on disk, without blocking startup on another actor.
-        self._reconciled = ThreadPoolExecutor(1).submit(self._reconcile)
+            self._policies.setdefault(found.id.policy_id, {})[found.id.version] = _Entry(found.header, file=found.file)
+        # Tell the catalog what survived on disk, without blocking startup on another actor; again whenever the
+        # catalog's database is new (``_follow_catalog``).
+        self._registrar = ThreadPoolExecutor(1, thread_name_prefix="policystore-register")
+        self._started = self._reconciled = self._registrar.submit(self._reconcile, True)
         threading.Thread(target=self._follow_catalog, name="policystore-catalog-follower", daemon=True).start()
         threading.Thread(target=self._every_few_seconds, name="policystore-periodic", daemon=True).start()
         log.info("policystore on node %s: %d snapshots on %s, hot capacity %d bytes",
                  node_id, sum(map(len, self._policies.values())), spill_dir, capacity)
 
-    def _reconcile(self) -> None:
+    def _reconcile(self, restarted: bool) -> None:
+        """Report this node's copies to the catalog (``restarted``: at startup, before any reservation) and act on
+        its answer: discard what was never committed, aborted or deleted (here and in the durable tier),
+        quarantine what conflicts."""
         with self._lock:
-            held = [(sid, e.header.checksum) for sid, e in self._items_locked()]
-        reconciled: Reconciled = ray.get(self.catalog.reconcile.remote(self.node_id, held))
+            held = [(sid, _summary(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt]
+        reconciled: Reconciled = self._on_catalog(
+            lambda: self.catalog.reconcile.remote(self.node_id, held, restarted=restarted))
         for sid in reconciled.discard:
             log.warning("discarding %s: never committed, aborted or deleted", sid)
             self.forget(*sid)
+            self._remove_durable(sid)
         for sid, reason in reconciled.quarantine:  # never served, never deleted: moved aside with the reason
             log.error("not serving %s: %s", sid, reason)
             with self._lock:
@@ -185,10 +201,29 @@ class StoreServer:
         if self.uploads is not None:  # what survived here and never reached the durable tier goes there now
             self.uploads.resume()
 
+    @ray.method(concurrency_group="watch")
+    def holdings(self) -> Holdings:
+        """What this node holds, and the highest version of each policy it has seen handed out, for a catalog that
+        starts with a new database: it asks every live store before it hands out a version. Served beside the
+        readers' long polls, so it never waits behind calls queued on the rebuilding catalog."""
+        with self._lock:
+            snapshots = tuple((sid, _summary(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt)
+            high = dict(self._high)
+        for sid, _ in snapshots:
+            high[sid.policy_id] = max(high.get(sid.policy_id, 0), sid.version)
+        return Holdings(self.node_id, snapshots, high)
+
+    def _saw(self, policy_id: str, version: int | None) -> None:
+        """Remember that ``version`` of ``policy_id`` was handed out (a new catalog database must skip past it)."""
+        if version:
+            with self._lock:
+                self._high[policy_id] = max(self._high.get(policy_id, 0), version)
+
     # ---- push ----------------------------------------------------------------------------------------------
     def _follow_catalog(self) -> None:
         """Keep the feed's latest versions and deletes in step with the catalog's long poll (daemon thread)."""
         since, epoch, failures = 0, None, 0
+        heard = None  # the last catalog epoch applied: a different one is a new database, re-register with it
         while True:
             sent = time.monotonic()
             try:
@@ -212,11 +247,19 @@ class StoreServer:
                 log.exception("applying catalog events failed")
                 epoch = None
                 continue
+            if heard is not None and events.epoch != heard:
+                log.warning("the catalog's database is new (epoch %s): reporting this node's copies", events.epoch)
+                self._reconciled = self._registrar.submit(self._reconcile, False)
+            heard = events.epoch
             since, epoch = events.seq, events.epoch
             self.feed.catalog_epoch(epoch)
             self.feed.heard_until(sent)
 
     def _apply_catalog(self, events: CatalogEvents) -> None:
+        for pid, version in events.latest.items():
+            self._saw(pid, version)
+        for sid in (*(e.id for e in events.committed), *events.deleted):
+            self._saw(*sid)
         if events.reset:
             self.feed.replace_latest(events.latest)
             return
@@ -303,30 +346,42 @@ class StoreServer:
             pending = sum(e.nbytes for _, e in self._items_locked() if e.pending is not None)
             committed = self._disk_bytes_locked()
         self.disk.check_room(header.nbytes, committed, pending, what)
-        entry = _Entry(header)
+        entry = _Entry(header, durable=durable)
         with ExitStack() as landing:
             if durable:
-                sid = SnapshotId(policy_id, ray.get(self.catalog.reserve.remote(policy_id, self.node_id)))
+                wait_all([self._started])  # its reconcile aborts this node's reservations left by a killed store
+                sid = SnapshotId(policy_id, self._on_catalog(
+                    lambda: self.catalog.reserve.remote(policy_id, self.node_id)))
+                self._saw(*sid)
                 try:
                     entry.file = self.disk.commit(self.disk.write_temp(sid, buf, header), sid)
-                    if self.uploads is not None:
-                        self.uploads.call(lambda: self.durable.write(sid, buf, header), f"commit {sid}")
                     ref = ray.put(shareable(buf))  # the store's own copy: it must outlive the publisher
-                    landing.enter_context(self._landing(policy_id))
-                    ray.get(self.catalog.commit.remote(policy_id, sid.version, self.node_id, _summary(header, True)))
+
+                    def commit() -> None:
+                        """The commit point. Gets of this version wait from here until it is recorded below (never
+                        while the data object uploads)."""
+                        landing.enter_context(self._landing(policy_id))
+                        self._on_catalog(lambda: self.catalog.commit.remote(
+                            policy_id, sid.version, self.node_id, _summary(header, True)))
+
+                    if self.uploads is not None:  # the marker after the catalog's commit: it never names an
+                        # uncommitted version; the upload runs within the tier's deadline
+                        self.uploads.call(lambda: self.durable.write(sid, buf, header, before_marker=commit),
+                                          f"commit {sid}")
+                    else:
+                        commit()
                 except BaseException:
-                    if entry.file is not None:
-                        self.disk.remove(entry.file)
-                    if self.uploads is not None:  # in the background: the tier may be what failed
-                        self.uploads.tombstone(sid)
-                    self.catalog.abort.remote(policy_id, sid.version)
+                    self._withdraw(sid, entry)
                     raise
                 if self.durable is not None:
                     self.catalog.hold.remote(policy_id, sid.version, DURABLE)
             else:
                 ref = ray.put(shareable(buf))
                 landing.enter_context(self._landing(policy_id))
-                sid = ray.get(self.catalog.publish.remote(policy_id, self.node_id, _summary(header, False))).id
+                token = uuid.uuid4().hex  # the catalog answers a repeated call with the version this one was given
+                sid = self._on_catalog(lambda: self.catalog.publish.remote(
+                    policy_id, self.node_id, _summary(header, False), token)).id
+                self._saw(*sid)
             with self._lock:
                 self._policies.setdefault(policy_id, {})[sid.version] = entry
                 self._landed.notify_all()
@@ -760,6 +815,43 @@ class StoreServer:
                 self.metrics.count("durable_failures", failures - reported_failures)
                 reported_failures = failures
             time.sleep(_GAUGE_INTERVAL_S)
+
+    def _on_catalog(self, call: Callable[[], ray.ObjectRef]) -> object:
+        """The answer to ``call()``, asked again while the catalog restarts (up to ``_CATALOG_RETRY_S``): only for
+        calls that are safe to repeat (idempotent, or carrying a token)."""
+        deadline = time.monotonic() + _CATALOG_RETRY_S
+        warned = False
+        while True:
+            try:
+                return ray.get(call(), timeout=max(deadline - time.monotonic(), 1.0))
+            except _CATALOG_DOWN as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                if not warned:
+                    log.warning("the catalog did not answer (%s); asking again until it does", type(exc).__name__)
+                    warned = True
+                time.sleep(0.2)
+
+    def _withdraw(self, sid: SnapshotId, entry: _Entry) -> None:
+        """After a durable publish failed: take the version back in the catalog (aborted, or deleted if it was
+        committed), then remove what the publish wrote. If the catalog cannot be told, the files stay: the call is
+        queued for it, and the store's next reconcile settles them."""
+        try:
+            self._on_catalog(lambda: self.catalog.withdraw.remote(*sid, self.node_id))
+        except Exception as exc:
+            log.error("could not withdraw %s after its publish failed (%s): its files stay until the catalog "
+                      "answers", sid, exc)
+            self.catalog.withdraw.remote(*sid, self.node_id)
+            return
+        if entry.file is not None:
+            self.disk.remove(entry.file)
+        self._remove_durable(sid)
+
+    def _remove_durable(self, sid: SnapshotId) -> None:
+        """Take ``sid`` out of the durable tier: a tombstone first (never listed, served or written again), then its
+        marker and data, in the upload queue's background (the tier may be what failed)."""
+        if self.uploads is not None:
+            self.uploads.tombstone(sid)
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------------------
     def _items_locked(self) -> list[tuple[SnapshotId, _Entry]]:

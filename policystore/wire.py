@@ -182,20 +182,32 @@ class Adopted:
 
 
 @dataclass(frozen=True)
-class CatalogHealth:
-    """What the catalog found when it opened its database, for ``stats()``/CLI and for the durable adoption.
+class Holdings:
+    """A store's answer to a catalog that starts with a new database (``StoreServer.holdings``): the copies it
+    holds, and per policy the highest version it has seen handed out (held, committed, deleted or reserved), so
+    that the new database never hands out one of those numbers again."""
 
-    ``new``: the database was created by this start (first start, or the old one was damaged and moved aside):
-    the caller should then ``adopt`` the durable tier's snapshots. ``problems``: everything startup found wrong
-    and what it did about it (damaged database moved aside, rows salvaged, journal lines skipped).
+    node_id: str
+    snapshots: tuple[tuple[SnapshotId, Summary], ...]
+    high_water: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CatalogHealth:
+    """What the catalog found when it opened its database, and how big the catalog is.
+
+    ``new``: the database was created by this start (first start, or the old one was lost or damaged and moved
+    aside): the catalog rebuilt the league from the durable tier's markers and the live stores' holdings before
+    serving anything. ``problems``: everything startup found wrong and what it did about it (damaged database moved
+    aside, rows salvaged, markers or reports skipped, stores that did not answer).
     """
 
     path: str
     epoch: str
     new: bool
     problems: tuple[str, ...]
-    imported: int  # snapshots imported from an older catalog's JSON-lines journal by this start
-    adopted: int  # snapshots adopted from the durable tier by this start (``seed``, new databases only)
+    adopted: int  # snapshots a new database took from the durable tier and the live stores by this start
+    skipped: int  # entries that start refused (bad commit markers, invalid or conflicting reports), in ``problems``
     seq: int
     policies: int
     snapshots: int

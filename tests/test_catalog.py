@@ -28,12 +28,13 @@ from policystore.errors import (
     DiskFullError,
     InvalidMetaError,
     InvalidPolicyIdError,
+    InvalidWeightsError,
     PolicyStoreError,
     UnknownPolicyError,
     UnknownVersionError,
 )
 from policystore.ids import SnapshotId
-from policystore.wire import DURABLE, Summary
+from policystore.wire import DURABLE, Holdings, Summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +135,8 @@ def test_commit_needs_a_reservation_and_a_retried_commit_is_harmless(open_catalo
     with pytest.raises(UnknownVersionError, match="not reserved"):
         catalog.commit("p", 1, "n1", summary())
     version = catalog.reserve("p", "n1")
-    catalog.abort("p", version)
+    catalog.withdraw("p", version, "n2")  # not this node's publish: nothing happens
+    catalog.withdraw("p", version, "n1")
     with pytest.raises(UnknownVersionError, match="aborted"):
         catalog.commit("p", version, "n1", summary())
     version = catalog.reserve("p", "n1")
@@ -259,7 +261,7 @@ def test_adopt_takes_the_durable_tiers_league_into_a_new_catalog(open_catalog, t
     catalog.adopt([(SnapshotId("main", 5), summary("crc32c:00000005", durable=True))])
     assert catalog.lookup("main", 5).holders == (DURABLE,)
     # A catalog given a seed adopts from it when (and only when) its database is new; a failing seed is reported.
-    seeded = open_catalog(tmp_path / "seeded.sqlite3", seed=lambda: listed)
+    seeded = open_catalog(tmp_path / "seeded.sqlite3", seed=lambda: (listed, [], []))
     assert seeded.health().adopted == 3 and seeded.lookup("main").version == 5
     seeded.close()
     assert open_catalog(tmp_path / "seeded.sqlite3", seed=lambda: 1 / 0).health().adopted == 0  # not new: unused
@@ -275,6 +277,68 @@ def test_adopt_takes_the_durable_tiers_league_into_a_new_catalog(open_catalog, t
                             (SnapshotId("side", 3), {**fields, "nbytes": "big"})])
     assert answer.added == (SnapshotId("side", 1),) and catalog.lookup("side").summary.meta == {"step": 7}
     assert [s.split(":")[0] for s in answer.skipped] == ["side@v2", "side@v3"]
+
+
+def test_a_new_database_rebuilds_from_the_stores_and_the_durable_tier_never_reusing_a_version(open_catalog, tmp_path):
+    durable = [(SnapshotId("p", 1), summary("crc32c:01", durable=True)),
+               (SnapshotId("p", 2**63 - 1), summary("crc32c:ff", durable=True)),  # a crafted marker: skipped
+               (SnapshotId("p", 3), {"nbytes": "big", "checksum": 3})]  # wrong types: skipped
+    stores = [
+        Holdings("n1", ((SnapshotId("p", 1), summary("crc32c:01")), (SnapshotId("p", 2), summary("crc32c:02")),
+                        (SnapshotId("q", 4), summary("crc32c:04", meta={"step": 4}))),
+                 {"p": 7, "q": 4}),  # p@3..7 were handed out and deleted (or are being published) meanwhile
+        Holdings("n2", ((SnapshotId("p", 1), summary("crc32c:99")),), {"p": 1, "r": 2**63 - 1}),  # conflicts
+    ]
+
+    def holdings():
+        return stores, ["the store on node n3 did not report within 30 s"]
+
+    tombstoned = [SnapshotId("gone", 7)]  # deleted: its number stays used
+    catalog = open_catalog(tmp_path / "new.sqlite3", holdings=holdings,
+                           seed=lambda: (durable, ["ignoring unreadable marker x"], tombstoned))
+    health = catalog.health()
+    assert health.new and health.adopted == 3 and health.skipped == 5
+    problems = "\n".join(health.problems)
+    for expected in ("ignoring unreadable marker x", f"p@v{2**63 - 1}", "p@v3", "node n2: p@v1 not taken",
+                     "node n2: high-water mark not taken", "node n3 did not report"):
+        assert expected in problems
+    assert {tuple(e.id): e.holders for e in catalog.list()} == {("p", 1): (DURABLE, "n1"), ("p", 2): ("n1",),
+                                                                 ("q", 4): ("n1",)}
+    assert catalog.lookup("q").summary.meta == {"step": 4}
+    assert catalog.publish("p", "n1", summary()).version == 8  # above everything a store has seen
+    assert catalog.reserve("q", "n1") == 5
+    assert catalog.publish("gone", "n1", summary()).version == 8  # past the tombstone, never 7 again
+    # Whatever the sources do, the catalog starts (and says why it has nothing).
+    broken = open_catalog(tmp_path / "broken.sqlite3", seed=lambda: 1 / 0, holdings=lambda: [Holdings("n1", 5, 6)])
+    assert broken.health().snapshots == 0 and len(broken.health().problems) == 2
+    assert broken.publish("p", "n1", summary()).version == 1
+
+
+def test_a_repeated_publish_gets_its_own_version_and_withdraw_takes_a_commit_back(open_catalog):
+    catalog = open_catalog()
+    first = catalog.publish("p", "n1", summary("crc32c:01"), "token-1")
+    assert catalog.publish("p", "n1", summary("crc32c:01"), "token-1") == first  # the reply was lost: asked again
+    second = catalog.publish("p", "n1", summary("crc32c:02"), "token-2")
+    assert second.version == 2 and len(catalog.list()) == 2
+    with pytest.raises(InvalidWeightsError):
+        catalog.publish("p", "n1", summary(), "t" * 65)
+    catalog.withdraw("p", 2, "n1")  # its durable marker could not be written: the publish failed
+    assert catalog.lookup("p").version == 1 and [e.version for e in catalog.list()] == [1]
+    assert catalog.watch(0, 0).latest == {"p": 1}
+    with pytest.raises(UnknownVersionError, match="deleted"):
+        catalog.publish("p", "n1", summary("crc32c:02"), "token-2")
+    assert catalog.publish("p", "n1", summary()).version == 3
+
+
+def test_a_restarted_store_aborts_the_reservations_its_killed_predecessor_left(open_catalog):
+    catalog = open_catalog()
+    left = [SnapshotId("p", catalog.reserve("p", "n1")) for _ in range(2)]  # killed mid-publish, files or not
+    other = SnapshotId("p", catalog.reserve("p", "n2"))
+    assert catalog.reconcile("n1", [], restarted=False).discard == ()  # a running store re-registering
+    assert catalog.health().reserved == 3
+    assert set(catalog.reconcile("n1", []).discard) == set(left)
+    assert catalog.health().reserved == 1
+    catalog.commit("p", other.version, "n2", summary())
 
 
 # ---- watch ---------------------------------------------------------------------------------------------------
@@ -554,7 +618,7 @@ def test_a_file_size_limit_mid_writes_fails_clearly_and_loses_nothing_acknowledg
     assert [e.version for e in catalog.list("p")] == acked
 
 
-# ---- power loss, legacy journal ------------------------------------------------------------------------------
+# ---- power loss -------------------------------------------------------------------------------------------
 def test_after_a_reboot_versions_skip_past_anything_an_unsynced_publish_handed_out(open_catalog, db_path, monkeypatch):
     catalog = open_catalog()
     for _ in range(3):
@@ -568,59 +632,6 @@ def test_after_a_reboot_versions_skip_past_anything_an_unsynced_publish_handed_o
     catalog = open_catalog()
     assert catalog.publish("p", "n1", summary()).version == VERSION_BLOCK + 1  # never 2 or 3 again
     assert catalog.health().epoch != epoch  # watchers that saw v2/v3 events start over
-
-
-def _journal_line(record: dict) -> str:
-    return json.dumps(record, separators=(",", ":"))
-
-
-def test_an_old_json_lines_journal_is_imported_once_with_every_whole_record(open_catalog, db_path):
-    def commit(pid, v, checksum, **summary_fields):
-        fields = {"nbytes": 8, "checksum": checksum, "meta": {"op": {"nested": 1}}, "created": 2.0, "durable": True}
-        record = {"op": "commit", "pid": pid, "v": v, "node": "n1", "summary": {**fields, **summary_fields}}
-        return _journal_line(record)
-
-    torn = commit("a", 2, "crc32c:2")[:40]  # a crash mid-append; the next record went onto the same line
-    lines = [
-        _journal_line({"op": "reserve", "pid": "a", "v": 1, "node": "n1"}),
-        commit("a", 1, "crc32c:1"),
-        _journal_line({"op": "reserve", "pid": "a", "v": 2, "node": "n1"}),
-        _journal_line({"op": "reserve", "pid": "a", "v": 3, "node": "n1"}),
-        torn + commit("a", 3, "crc32c:3"),
-        "this line is garbage",
-        commit("a", 2, "crc32c:2b"),  # committed after v3: latest must still be 3
-        _journal_line({"op": "hold", "pid": "a", "v": 3, "node": "n2"}),
-        _journal_line({"op": "reserve", "pid": "a", "v": 4, "node": "n1"}),  # never committed
-        _journal_line({"op": "reserve", "pid": "b", "v": 1, "node": "n1"}),
-        commit("b", 1, "crc32c:b1", meta={"huge": "x" * (MAX_META_BYTES + 1)}),
-        _journal_line({"op": "reserve", "pid": "c", "v": 1, "node": "n1"}),
-        commit("c", 1, "crc32c:c1"),
-        _journal_line({"op": "delete", "pid": "c", "v": 1}),
-        _journal_line({"op": "commit", "pid": "../x", "v": 1}),
-    ]
-    journal = db_path.parent / "_catalog.jsonl"
-    journal.parent.mkdir(parents=True)
-    journal.write_text("\n".join(lines) + "\n")
-    catalog = open_catalog(legacy_journal=str(journal))
-    health = catalog.health()
-    assert health.imported == 3
-    assert {tuple(e.id): e.summary.checksum for e in catalog.list()} == {
-        ("a", 1): "crc32c:1", ("a", 2): "crc32c:2b", ("a", 3): "crc32c:3"}
-    assert catalog.lookup("a").version == 3 and catalog.lookup("a", 3).holders == ("n1", "n2")
-    assert catalog.lookup("a", 1).summary.meta == {"op": {"nested": 1}}
-    problems = "\n".join(health.problems)
-    assert "line 5: skipped 40 unreadable characters" in problems and "line 6" in problems
-    assert "b@v1 not imported" in problems and "line 15: skipped a malformed record" in problems
-    assert catalog.reconcile("n1", [(SnapshotId("a", 4), "crc32c:4"), (SnapshotId("c", 1), "crc32c:c1")]).discard \
-        == (SnapshotId("a", 4), SnapshotId("c", 1))  # the killed publish and the deleted version
-    assert catalog.publish("c", "n1", summary()).version == 2
-    assert not journal.exists() and journal.with_name("_catalog.jsonl.imported").exists()
-    catalog.close()
-    # Imported once: a journal that reappears (the rename after the import was lost) is not imported again.
-    journal.with_name("_catalog.jsonl.imported").replace(journal)
-    again = open_catalog(legacy_journal=str(journal))
-    assert again.health().imported == 0 and again.health().problems == ()
-    assert len(again.list()) == 4 and not journal.exists()
 
 
 def test_every_catalog_error_is_a_policystore_error():

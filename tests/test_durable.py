@@ -19,7 +19,7 @@ import torch
 
 import policystore
 from policystore.config import NAMESPACE, store_name
-from policystore.durable import MARKER_SUFFIX, DurableTier, list_committed
+from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.errors import (
     CorruptSnapshotError,
     DurableTierError,
@@ -59,7 +59,7 @@ def test_round_trip_and_rebuild_from_the_uri(local_uri):
         _write(tier, sid, buf)
     fresh = DurableTier.open(local_uri)  # what a new cluster pointed at the same URI sees
     listed = fresh.list_committed()
-    assert pickle.loads(pickle.dumps(functools.partial(list_committed, local_uri)))() == listed  # a catalog's seed
+    assert pickle.loads(pickle.dumps(functools.partial(survey, local_uri)))() == (listed, [])  # a catalog's seed
     assert [sid for sid, _ in listed] == sorted(bufs)
     for sid, summary in listed:
         header = parse_header(bufs[sid], name=str(sid))
@@ -174,7 +174,7 @@ def test_a_tombstone_keeps_a_snapshot_deleted_whatever_lands_after_it(tmp_path, 
         with pytest.raises(DurableTierError, match="deleted"):
             _write(tier, sid, buf)
     fresh = DurableTier.open(str(tmp_path))
-    assert not fresh.find(sid) and fresh.list_committed() == [] and fresh.committed_ids() == set()
+    assert not fresh.find(sid) and fresh.survey() == [] and fresh.committed_ids() == set()
     assert fresh.deleted_ids() == {sid}
     with pytest.raises(SnapshotLostError, match="deleted|not committed"):
         fresh.read(sid)
