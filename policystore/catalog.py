@@ -154,8 +154,9 @@ class CatalogServer:
     ``db_path``: the sqlite database, on the catalog node's local disk. When the database is new (first start, or
     the old one lost or damaged), the catalog rebuilds the league before it serves anything:
     ``seed`` returns the durable tier's committed snapshots, one line per marker it skipped and the deleted ids
-    whose numbers stay used (e.g. a partial of ``durable.survey``), taken with ``adopt``; ``holdings`` returns what the live stores hold and one line per
-    store that did not answer (``ask_stores``), taken with ``reconcile``.
+    whose numbers stay used (e.g. a partial of ``durable.survey``), taken with ``adopt``; ``holdings`` returns
+    what the live stores hold and one line per store that did not answer (``ask_stores``), taken with
+    ``reconcile``.
     """
 
     def __init__(
@@ -672,8 +673,9 @@ def _to_entry(row: tuple, holders: Sequence[str]) -> CatalogEntry:
 
 
 def ask_stores(league: str, timeout_s: float = REBUILD_WAIT_S) -> tuple[list[Holdings], list[str]]:
-    """Every live store's holdings in ``league`` (``StoreServer.holdings``), for a catalog rebuilding a new database, and one
-    line per store that did not answer within ``timeout_s`` (it re-registers when it sees the new catalog)."""
+    """Every live store's holdings in ``league`` (``StoreServer.holdings``), for a catalog rebuilding a new
+    database, and one line per store that did not answer within ``timeout_s`` (it re-registers when it sees the new
+    catalog)."""
     calls: dict[ray.ObjectRef, str] = {}
     for node in ray.nodes():
         if node.get("Alive"):
