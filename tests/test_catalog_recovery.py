@@ -165,16 +165,20 @@ def test_a_store_killed_mid_durable_publish_leaves_only_what_it_can_serve(make_s
     if where == "before_commit":  # never committed: nowhere, and nothing left behind
         assert listed == [("kept", 1)]
         assert catalog_health().reserved == 0
-        assert not list((tmp_path / "durable" / "victim").glob("*"))
+        # Nothing left but the tombstone that keeps the number used (written in the background).
+        wait_for(lambda: [p.name for p in (tmp_path / "durable" / "victim").glob("*")] in ([], [
+            f"{1:010d}.deleted.json"]), "the aborted version's durable leftovers removed")
     else:  # committed: readable (from the node's disk), though the publisher saw an error
         assert listed == [("kept", 1), ("victim", 1)]
         assert same(store.get("victim", 1), weights)
-    assert [tuple(sid) for sid, _ in tier.list_committed()] == [("kept", 1)]
+    # The durable tier, `policystore --dir` and a catalog rebuilt from it never show what the cluster does not list
+    # (a committed victim may already be there: the restarted store uploads what its disk holds and the tier lacks).
+    assert ("kept", 1) in {tuple(sid) for sid, _ in tier.list_committed()} <= set(listed)
     capsys.readouterr()
     assert cli.main(["--dir", uri, "ls", "--json"]) == 0
-    assert [(row["policy_id"], row["version"]) for row in json.loads(capsys.readouterr().out)] == [("kept", 1)]
+    assert {(row["policy_id"], row["version"]) for row in json.loads(capsys.readouterr().out)} <= set(listed)
     rebuilt = CatalogServer(str(tmp_path / "rebuilt.sqlite3"), StoreConfig(), seed=functools.partial(survey, uri))
-    assert [tuple(e.id) for e in rebuilt.list()] == [("kept", 1)]
+    assert ("kept", 1) in {tuple(e.id) for e in rebuilt.list()} <= set(listed)
     rebuilt.close()
     assert same(store.get("kept", 1), kept)
 

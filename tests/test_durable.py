@@ -59,7 +59,7 @@ def test_round_trip_and_rebuild_from_the_uri(local_uri):
         _write(tier, sid, buf)
     fresh = DurableTier.open(local_uri)  # what a new cluster pointed at the same URI sees
     listed = fresh.list_committed()
-    assert pickle.loads(pickle.dumps(functools.partial(survey, local_uri)))() == (listed, [])  # a catalog's seed
+    assert pickle.loads(pickle.dumps(functools.partial(survey, local_uri)))() == (listed, [], [])  # a catalog's seed
     assert [sid for sid, _ in listed] == sorted(bufs)
     for sid, summary in listed:
         header = parse_header(bufs[sid], name=str(sid))
@@ -174,7 +174,7 @@ def test_a_tombstone_keeps_a_snapshot_deleted_whatever_lands_after_it(tmp_path, 
         with pytest.raises(DurableTierError, match="deleted"):
             _write(tier, sid, buf)
     fresh = DurableTier.open(str(tmp_path))
-    assert not fresh.find(sid) and fresh.survey() == [] and fresh.committed_ids() == set()
+    assert not fresh.find(sid) and fresh.list_committed() == [] and fresh.committed_ids() == set()
     assert fresh.deleted_ids() == {sid}
     with pytest.raises(SnapshotLostError, match="deleted|not committed"):
         fresh.read(sid)
@@ -194,6 +194,30 @@ def test_a_write_that_finds_its_snapshot_deleted_on_the_way_undoes_itself(tmp_pa
     with pytest.raises(DurableTierError, match="deleted while"):
         _write(tier, sid, buf)
     assert [p.name for p in (tmp_path / "p").iterdir()] == ["0000000004.deleted.json"]
+
+
+def test_the_marker_is_written_only_after_the_catalogs_commit(tmp_path):
+    """``before_marker`` (the catalog's commit) runs once the data object is stored; if it fails, nothing of the
+    snapshot stays: no marker names a version the catalog did not commit."""
+    tier = DurableTier.open(str(tmp_path))
+    buf = _snapshot("p")
+    seen = []
+
+    def commit():
+        seen.append(sorted(p.name.split(".")[-1] for p in (tmp_path / "p").iterdir()))
+        raise RuntimeError("the catalog refused the commit")
+
+    with pytest.raises(RuntimeError, match="refused"):
+        tier.write(SnapshotId("p", 1), buf, parse_header(buf, name="p@v1"), before_marker=commit)
+    assert seen == [["safetensors"]]  # the data object, no marker yet
+    assert tier.list_committed() == [] and list((tmp_path / "p").iterdir()) == []
+    tier.write(SnapshotId("p", 1), buf, parse_header(buf, name="p@v1"), before_marker=lambda: seen.append("ok"))
+    assert seen[-1] == "ok" and tier.find(SnapshotId("p", 1))
+    # Unreadable markers are skipped and said, for a catalog to count.
+    (tmp_path / "p" / f"{2:010d}{MARKER_SUFFIX}").write_text("garbage")
+    listed, skipped, deleted = survey(str(tmp_path))
+    assert [sid for sid, _ in listed] == [SnapshotId("p", 1)]
+    assert deleted == [] and len(skipped) == 1 and f"{2:010d}{MARKER_SUFFIX}" in skipped[0]
 
 
 # ---- S3: a real S3-compatible server on loopback (the s3_server fixture in conftest.py) ---------------------------
