@@ -216,6 +216,10 @@ def clear_cache() -> None:
             session.snapshots.clear()
 
 
+# the namespace Ray gives a job that names none: a random UUID
+_ANONYMOUS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
 def job_league() -> str:
     """The league a job uses when it names none: its Ray namespace if it named one, else the default league.
 
@@ -231,9 +235,6 @@ def job_league() -> str:
     except ConfigError:
         raise ConfigError(f"the job's Ray namespace {namespace!r} cannot name a league: pass "
                           "connect(league=...) or StoreConfig(league=...)") from None
-
-
-_ANONYMOUS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
 def _league(config: StoreConfig | None, league: str | None) -> tuple[StoreConfig | None, str]:
@@ -510,7 +511,7 @@ class PolicyStore:
 
         deadline = time.monotonic() + RETRY_TIMEOUT_S
         while True:
-            hot: HotSnapshot = self._call(StoreServer.resolve, policy_id, version)
+            hot: HotSnapshot = self._call(StoreServer.resolve, policy_id, version, timeout_s=self._long_timeout_s())
             sid = hot.id
             floor = session.seen.get(policy_id, 0)
             if version is None and sid.version < floor:  # that store is behind this process: ask for what we saw
@@ -614,8 +615,9 @@ class PolicyStore:
                    timeout_s=self._long_timeout_s())
 
     def _long_timeout_s(self) -> float:
-        """The deadline of calls that may read or write up to a hot tier's worth of bytes (``verify`` reads every
-        copy of a snapshot, ``flush`` waits for every pending spill): that of a publish of the whole hot tier."""
+        """The deadline of calls that may move up to a hot tier's worth of bytes (a ``get`` may restore or fetch a
+        snapshot, ``verify`` reads every copy of one, ``flush`` waits for every pending spill): that of a publish of
+        the whole hot tier. What the store asks the catalog meanwhile has the short deadline."""
         return self.config.publish_timeout_s(self._hot_capacity)
 
     def drop_cache(self) -> None:
@@ -634,7 +636,7 @@ def shutdown(node_id: str | None = None, *, league: str | None = None) -> bool:
     For tests and reconfiguration: views other processes hold stay valid, but their handles go stale.
     Returns whether a store was running.
     """
-    league = check_league(league) if league is not None else job_league()
+    league = _league(None, league)[1]
     session = _current_session(league)
     node_id = node_id or ray.get_runtime_context().get_node_id()
     with session.lock:
@@ -648,7 +650,7 @@ def shutdown(node_id: str | None = None, *, league: str | None = None) -> bool:
 
 def shutdown_all(*, league: str | None = None) -> None:
     """Stop every node's store of ``league`` (None: the job's) and its catalog (files stay on disk)."""
-    league = check_league(league) if league is not None else job_league()
+    league = _league(None, league)[1]
     for node in ray.nodes():
         shutdown(node["NodeID"], league=league)
     _kill_named(catalog_name(league))
