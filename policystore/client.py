@@ -421,7 +421,7 @@ class PolicyStore:
         from .snapshot import Snapshot
 
         try:
-            buffer = open_shared(ray.get(ref))
+            buffer = open_shared(ray.get(ref), what=str(sid))
         except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
             self._follower.drop(sid)
             return None
@@ -448,7 +448,7 @@ class PolicyStore:
             if snap is not None and snap.header_bytes == hot.header:  # else another catalog's snapshot of that name
                 return snap
             try:
-                buffer = open_shared(ray.get(hot.refs[0]))
+                buffer = open_shared(ray.get(hot.refs[0]), what=str(sid))
             except _OBJECT_GONE:  # the store restarted between resolve and get: its old objects died with it
                 if time.monotonic() > deadline:
                     raise

@@ -74,3 +74,9 @@ class DurableTierError(PolicyStoreError, OSError):
 class SnapshotFolderError(PolicyStoreError, OSError):
     """A snapshot folder that cannot be used safely: missing, not a real folder (a symlink), or a private spill
     folder owned by another user (who could then swap or read the snapshots)."""
+
+
+class WriteProtectionError(PolicyStoreError, OSError):
+    """This process could not make a snapshot's shared pages read-only (``mprotect`` failed, e.g. ENOMEM at the
+    kernel's ``vm.max_map_count``): its views are refused, since a stray write through them would change the weights
+    of every process on the node."""

@@ -313,7 +313,7 @@ class StoreServer:
 
     def _spill(self, sid: SnapshotId, entry: _Entry, ref: ray.ObjectRef) -> None:
         """Background write of a non-durable publish or a fetched copy; eviction waits for it."""
-        buf = open_shared(ray.get(ref))
+        buf = open_shared(ray.get(ref), strict=False)
         try:
             temp = self.disk.write_temp(sid, buf, entry.header)
             if self.durable is not None and not self.durable.find(sid):
@@ -447,7 +447,7 @@ class StoreServer:
                 peer = ray.get_actor(store_name(holder), namespace=NAMESPACE)
                 remote = ray.get(peer.resolve.remote(*sid), timeout=_FETCH_TIMEOUT_S)
                 # the bytes cross the network here, once
-                buf = open_shared(ray.get(remote.refs[0], timeout=_FETCH_TIMEOUT_S))
+                buf = open_shared(ray.get(remote.refs[0], timeout=_FETCH_TIMEOUT_S), strict=False)
                 verify_buffer(buf, name=f"{sid} from node {holder}")
                 break
             except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
@@ -569,7 +569,8 @@ class StoreServer:
         problems = []
         checks = []
         if hot is not None:
-            checks.append(("hot", lambda: open_shared(ray.get(hot.refs[0])), f"{sid} (shared-memory copy)"))
+            checks.append(
+                ("hot", lambda: open_shared(ray.get(hot.refs[0]), strict=False), f"{sid} (shared-memory copy)"))
         expect = Expected(*sid, info.summary.checksum)
         if file is not None:
             checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)", expect=expect), None))
