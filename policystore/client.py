@@ -458,13 +458,14 @@ class PolicyStore:
     def load_module(self, policy_id: str, build: Callable[[], nn.Module], version: int | None = None) -> nn.Module:
         """An eval-mode module whose parameters and buffers ARE the snapshot's shared views.
 
-        ``build`` runs on the meta device, so the module costs no parameter memory of its own; writes into it
-        raise ReadOnlyWeightsError. Moving it (``.to(device)``, ``.half()``) makes a private copy.
+        ``build`` runs on the meta device, so the module costs no parameter memory of its own; writes into it,
+        and rebinding its tensors (``.half()``, ``.to(dtype)``, ``.data =``), raise ReadOnlyWeightsError: take a
+        private copy (``copy.deepcopy(module)``) to change or convert it. Each module has tensor objects of its own.
         """
         from .views import build_on_views
 
         snap = self.get(policy_id, version)
-        module = build_on_views(build, snap._views, str(snap.id))
+        module = build_on_views(build, snap._buffer, snap._header, str(snap.id))
         module.policystore_snapshot = snap  # the module's provenance, and keeps the snapshot cached
         return module
 
