@@ -77,6 +77,12 @@ def training_point(mode: str, workers: int, seconds: float, root: Path) -> dict[
     }
 
 
+def _worker_act(net: torch.nn.Module, planes: np.ndarray, legal: np.ndarray) -> tuple:
+    """``act`` as a rollout worker calls it (``workers.play.net_policy``): inside ``fast_reads()``."""
+    with policystore.fast_reads():
+        return act(net, planes, legal)
+
+
 def forward_points(modes: list[str], batch: int, hidden: int, rounds: int, calls: int = 20) -> list[dict[str, Any]]:
     """Time one batched forward pass on a module over store views (``store``) or a private copy, called
     directly (``module``: every op goes through the views' write guard) or the way workers call it (``act``).
@@ -95,7 +101,7 @@ def forward_points(modes: list[str], batch: int, hidden: int, rounds: int, calls
         x = torch.from_numpy(planes)
         variants = [(mode, path) for path in ("module", "act") for mode in modes]
         calls_of = {(mode, "module"): (lambda m=modules[mode]: m(x)) for mode in modes} | {
-            (mode, "act"): (lambda m=modules[mode]: act(m, planes, legal)) for mode in modes}
+            (mode, "act"): (lambda m=modules[mode]: _worker_act(m, planes, legal)) for mode in modes}
         times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
         with torch.inference_mode():
             for r in range(rounds + 2):  # two warm-up rounds

@@ -61,8 +61,7 @@ def test_tensor_views(benchmark, case):
 
 def test_build_on_views(benchmark, case):
     spec, _, buf, header = case
-    views = tensor_views(buf, header, "bench")
-    module = benchmark(build_on_views, spec, views, "bench")
+    module = benchmark(build_on_views, spec, buf, header, "bench")
     with torch.no_grad():
         assert module(spec.example_input()).shape == (1, 16)
 
@@ -73,7 +72,7 @@ def shared_module(case):
     spec, _, buf, header = case
     buf = buf.copy()
     buf.flags.writeable = False
-    return build_on_views(spec, tensor_views(buf, header, "bench"), "bench"), spec.example_input()
+    return build_on_views(spec, buf, header, "bench"), spec.example_input()
 
 
 def _forward(module, x):

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from league.connect4 import COLS, NUM_PLANES, ROWS
-from policystore.views import fast_reads
 
 MASKED_LOGIT = -1e9
 
@@ -44,12 +43,11 @@ def act(net: nn.Module, planes: np.ndarray, legal: np.ndarray, generator: torch.
         greedy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Batched moves: ``(actions, log-probs, values)`` as numpy arrays. ``greedy`` takes the argmax.
 
-    Store views are ``SharedTensor``s whose write guard routes every op through Python (about 100 µs per forward
-    of this net, a third of it; see benchmarks/league_throughput). A forward pass only reads the weights, so it
-    runs in the store's ``fast_reads()`` block: same memory, plain-tensor speed.
+    Only reads ``net``'s weights. A caller whose net is built on a store's guarded views runs this inside the
+    store's read-only fast path (``workers.play`` does), which saves the guard's per-op dispatch (about 100 µs per
+    forward of this net; see benchmarks/league_throughput): the rules here know nothing of the store.
     """
-    with fast_reads():
-        logits, value = net(torch.from_numpy(planes))
+    logits, value = net(torch.from_numpy(planes))
     logits = masked_logits(logits, torch.from_numpy(legal))
     logp = torch.log_softmax(logits, dim=-1)
     if greedy:

@@ -34,6 +34,7 @@ from .errors import (
     UnknownMetricError,
     UnknownPolicyError,
     UnknownVersionError,
+    WriteProtectionError,
 )
 from .ids import SnapshotId
 from .wire import SnapshotInfo, StoreStats, VerifyReport
@@ -100,6 +101,7 @@ __all__ = [
     "UnknownPolicyError",
     "UnknownVersionError",
     "VerifyReport",
+    "WriteProtectionError",
     "clear_cache",
     "connect",
     "connect_all",

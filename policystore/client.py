@@ -498,7 +498,7 @@ class PolicyStore:
         from .snapshot import Snapshot
 
         try:
-            buffer = open_shared(ray.get(ref))
+            buffer = open_shared(ray.get(ref), what=str(sid))
         except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
             self._follower.drop(sid)
             return None
@@ -525,7 +525,7 @@ class PolicyStore:
             if snap is not None and snap.header_bytes == hot.header:  # else another catalog's snapshot of that name
                 return snap
             try:
-                buffer = open_shared(ray.get(hot.refs[0]))
+                buffer = open_shared(ray.get(hot.refs[0]), what=str(sid))
             except _OBJECT_GONE:  # the store restarted between resolve and get: its old objects died with it
                 if time.monotonic() > deadline:
                     raise
@@ -535,13 +535,14 @@ class PolicyStore:
     def load_module(self, policy_id: str, build: Callable[[], nn.Module], version: int | None = None) -> nn.Module:
         """An eval-mode module whose parameters and buffers ARE the snapshot's shared views.
 
-        ``build`` runs on the meta device, so the module costs no parameter memory of its own; writes into it
-        raise ReadOnlyWeightsError. Moving it (``.to(device)``, ``.half()``) makes a private copy.
+        ``build`` runs on the meta device, so the module costs no parameter memory of its own; writes into it,
+        and rebinding its tensors (``.half()``, ``.to(dtype)``, ``.data =``), raise ReadOnlyWeightsError: take a
+        private copy (``copy.deepcopy(module)``) to change or convert it. Each module has tensor objects of its own.
         """
         from .views import build_on_views
 
         snap = self.get(policy_id, version)
-        module = build_on_views(build, snap._views, str(snap.id))
+        module = build_on_views(build, snap._buffer, snap._header, str(snap.id))
         module.policystore_snapshot = snap  # the module's provenance, and keeps the snapshot cached
         return module
 

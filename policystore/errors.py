@@ -90,3 +90,9 @@ class DeadlineExceededError(StoreUnavailableError, TimeoutError):
     """A remote call (to a node's store or to the catalog) did not answer within its deadline
     (``StoreConfig.call_timeout_s``); the message names the actor and the call. A write that timed out may still
     land: look before publishing again."""
+
+
+class WriteProtectionError(PolicyStoreError, OSError):
+    """This process could not make a snapshot's shared pages read-only (``mprotect`` failed, e.g. ENOMEM at the
+    kernel's ``vm.max_map_count``): its views are refused, since a stray write through them would change the weights
+    of every process on the node."""

@@ -16,6 +16,13 @@ Two constraints shape this module:
   to what ``ray.get`` returned, and a finaliser restores PROT_READ|PROT_WRITE before dropping that reference. Views
   made from the array (numpy, ``torch.frombuffer``, ``memoryview``) keep it, and so the protection, alive.
 
+When ``mprotect`` fails (ENOMEM once the process has ``vm.max_map_count`` mappings, since protecting a range
+splits one), a reader refuses the snapshot with WriteProtectionError rather than hand out views that a stray write
+could change for every process; the store, which never writes into a snapshot, goes on with the pages writable
+(``strict=False``). Whatever the protection step does, the array keeps the buffer it views alive, and pages that
+cannot be made writable again keep their buffer for the life of the process: the object store never reuses memory
+this process still reads, nor memory it could not unprotect.
+
 Cost: one ``mprotect`` call per snapshot newly opened in a process and one when its last view goes (each is a
 system call that updates the page tables of the range, and splits the mapping into up to three kernel VMAs while
 it is protected).
@@ -35,6 +42,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .errors import WriteProtectionError
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,7 @@ def _one_generation() -> object:
 
 _generation: Callable[[], object] = _one_generation
 _deferred: list[tuple[int, int, object, Any]] = []  # releases waiting for the lock (see _release)
+_stuck: list[Any] = []  # buffers whose pages could not be made writable again: never given back (see _drain)
 _announced = False
 
 
@@ -86,31 +96,55 @@ def unwrap(obj: Any) -> np.ndarray:
     return obj[1] if isinstance(obj, (tuple, list)) and len(obj) == 3 else obj
 
 
-def open_shared(obj: Any) -> np.ndarray:
+def open_shared(obj: Any, *, strict: bool = True, what: str = "snapshot") -> np.ndarray:
     """A read-only array of the snapshot bytes in ``obj`` (what ``ray.get`` returned for ``shareable(buf)``, or a
     plain buffer) whose pages are write-protected in this process for as long as the array or any view of it lives.
 
     Only pages wholly inside the object are protected: with the pads that is all of the snapshot; for a plain
     buffer (or a layout that does not check out, which is logged) the partial first and last pages stay writable.
+    If the pages cannot be protected, ``strict`` raises WriteProtectionError naming ``what``; else the array is
+    handed out over writable pages (for the store, which only reads it). The array holds ``obj`` either way.
     """
     buf = unwrap(obj)
     padded = buf is not obj
     if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.flags.c_contiguous):
         raise TypeError(f"open_shared takes a 1-D uint8 snapshot buffer, got {type(buf).__name__}")
     lo, hi = _page_range(buf, obj[0], obj[2]) if padded else _inner_pages(buf)
-    holder = _Holder(buf)
-    array = np.asarray(holder)  # array.base is the holder: every view of the array keeps it alive
+    holder = _Holder(buf, obj)
+    array = np.asarray(holder)  # array.base is the holder: every view of the array keeps it (and obj) alive
     generation = _generation()
-    if hi > lo and _acquire(lo, hi, generation):
-        # holds obj (the plasma buffer) until the pages are writable again
-        weakref.finalize(holder, _release, lo, hi, generation, obj)
+    if hi > lo:
+        errno = _acquire(lo, hi, generation)
+        if errno is None:
+            # holds obj (the plasma buffer) until the pages are writable again
+            weakref.finalize(holder, _release, lo, hi, generation, obj)
+        elif strict:
+            raise WriteProtectionError(
+                errno,
+                f"cannot make the pages of {what} read-only in this process (pid {os.getpid()}): mprotect failed "
+                f"({os.strerror(errno)}){_ENOMEM_HINT if errno == _ENOMEM else ''}; refusing views that a stray "
+                "write could change for every process on the node",
+            )
     return array
 
 
-class _Holder:
-    """The base object of the array ``open_shared`` returns: its lifetime is the protection's lifetime."""
+_ENOMEM = 12
+_ENOMEM_HINT = (" (the process is at the kernel's limit on memory mappings, vm.max_map_count: raise it, or let go of "
+                "snapshots this process no longer reads)")
 
-    def __init__(self, buf: np.ndarray):
+
+def _errno_name(errno: int) -> str:
+    return f"{os.strerror(errno)} (errno {errno})"
+
+
+class _Holder:
+    """The base object of the array ``open_shared`` returns: its lifetime is the protection's lifetime, and it holds
+    the buffer it describes (what ``ray.get`` returned) so the memory stays this snapshot's while it is read."""
+
+    __slots__ = ("__array_interface__", "obj", "__weakref__")
+
+    def __init__(self, buf: np.ndarray, obj: Any):
+        self.obj = obj
         self.__array_interface__ = {
             "data": (_address(buf), True),  # read-only
             "shape": (buf.nbytes,),
@@ -147,23 +181,27 @@ def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]  # what array.ctypes.data says, without building a ctypes object
 
 
-def _mprotect(lo: int, hi: int, prot: int) -> bool:
+def _mprotect(lo: int, hi: int, prot: int) -> int | None:
+    """None once the pages of [lo, hi) have protection ``prot``; else the errno, logged."""
     if _libc.mprotect(lo, hi - lo, prot) == 0:
-        return True
-    log.warning("mprotect(%#x, %d) failed with errno %d: snapshot pages stay writable in this process",
-                lo, hi - lo, ctypes.get_errno())
-    return False
+        return None
+    errno = ctypes.get_errno()
+    log.warning("mprotect(%#x, %d, %d) failed: %s", lo, hi - lo, prot, _errno_name(errno))
+    return errno
 
 
-def _acquire(lo: int, hi: int, generation: object) -> bool:
-    """Count one more open array over [lo, hi); protect the pages on the first. Returns whether they are counted."""
+def _acquire(lo: int, hi: int, generation: object) -> int | None:
+    """Count one more open array over [lo, hi); protect the pages on the first. None once counted, else the errno
+    that kept the pages from being protected (nothing is counted then)."""
     global _announced
     with _lock:
         count, protected_in = _protected.get((lo, hi), (0, generation))
         if protected_in != generation:  # left over from a mapping that is gone: this range is new
             count = 0
-        if count == 0 and not _mprotect(lo, hi, _PROT_READ):
-            return False
+        if count == 0:
+            errno = _mprotect(lo, hi, _PROT_READ)
+            if errno is not None:
+                return errno
         _protected[(lo, hi)] = (count + 1, generation)
         _drain()
         if not _announced:
@@ -175,7 +213,7 @@ def _acquire(lo: int, hi: int, generation: object) -> bool:
                 "weights by any route kills this process with SIGSEGV; take a private copy (tensor.clone()) to "
                 "change them", os.getpid(),
             )
-        return True
+        return None
 
 
 def _release(lo: int, hi: int, generation: object, obj: Any) -> None:
@@ -196,7 +234,7 @@ def _drain() -> None:
     """Complete every deferred release (called with the lock held)."""
     current = _UNASKED
     while _deferred:
-        lo, hi, generation, _obj = _deferred.pop()
+        lo, hi, generation, obj = _deferred.pop()
         count, protected_in = _protected.get((lo, hi), (0, None))
         if not count or protected_in != generation:
             continue  # an array of a mapping that is gone (the range was counted anew since, or forgotten)
@@ -206,8 +244,10 @@ def _drain() -> None:
         del _protected[(lo, hi)]
         if current is _UNASKED:
             current = _generation()
-        if generation == current:  # else the mapping is gone: leave whatever the addresses hold now alone
-            _mprotect(lo, hi, _PROT_READ | _PROT_WRITE)
+        # else the mapping is gone: leave whatever the addresses hold now alone
+        if generation == current and _mprotect(lo, hi, _PROT_READ | _PROT_WRITE) is not None:
+            # read-only pages the object store would hand to a new object this process may write: keep them ours
+            _stuck.append(obj)
 
 
 def protected_ranges() -> int:

@@ -10,6 +10,10 @@ Two layouts are understood, both ``<folder>/<policy_id>/<version:010d>...``: the
 ``.safetensors[.lz4]`` files, and the durable tier's ``.commit.json`` markers, each naming a ``.safetensors`` data
 object with the checksum it must have. Everything served is verified first (checksum, and the policy id and version
 recorded in the file); nothing is written, moved or deleted, and no symlink inside the folder is followed.
+
+What is served is read into this process's private memory, never mapped from the file: the folder may belong to
+a running store or to other tools, and a mapped file that another process truncates or rewrites would change the
+views under their holder, or kill the process with SIGBUS on the next read of a lost page.
 """
 
 from __future__ import annotations
@@ -85,10 +89,10 @@ class FolderReader:
         return [item.info for item in items]
 
     def get(self, policy_id: str, version: int | None = None) -> Snapshot:
-        """``policy_id`` at ``version`` (None: the highest on disk) as read-only tensor views over the file.
+        """``policy_id`` at ``version`` (None: the highest on disk) as read-only tensor views of the file's bytes.
 
-        A raw file is mapped read-only, so the views cost no private memory and cannot be written; an lz4 file
-        is decompressed into a private buffer. CorruptSnapshotError if the file does not verify.
+        The file is read (an lz4 file decompressed) into a private read-only buffer, which stays whole whatever
+        happens to the file afterwards. CorruptSnapshotError if the file does not verify.
         """
         item = self._one(policy_id, version)
         return Snapshot(item.info.id, self._read(item))
@@ -183,8 +187,9 @@ class FolderReader:
     def _read(self, item: _Item) -> np.ndarray:
         try:
             with self._open(item.file.path) as f:
+                # private: another process may truncate the file under us; durable objects: their marker names them
                 buf, pending = load(f, item.file, item.info.id, str(item.info.id), item.expect,
-                                    versioned=item.expect is None)  # durable objects: their marker names them
+                                    versioned=item.expect is None, private=True)
             pending.wait()
             return buf
         except OSError as exc:

@@ -400,7 +400,7 @@ class StoreServer:
             if self._policies.get(sid.policy_id, {}).get(sid.version) is not entry:  # deleted before its turn
                 entry.pending = None
                 return
-        buf = open_shared(ray.get(ref))
+        buf = open_shared(ray.get(ref), strict=False)
         try:
             temp = self.disk.write_temp(sid, buf, entry.header)
         except CorruptSnapshotError as exc:
@@ -584,7 +584,7 @@ class StoreServer:
                 peer = ray.get_actor(store_name(holder, self.league), namespace=NAMESPACE)
                 remote = ray.get(peer.resolve.remote(*sid), timeout=_FETCH_TIMEOUT_S)
                 # the bytes cross the network here, once
-                buf = open_shared(ray.get(remote.refs[0], timeout=_FETCH_TIMEOUT_S))
+                buf = open_shared(ray.get(remote.refs[0], timeout=_FETCH_TIMEOUT_S), strict=False)
                 verify_buffer(buf, name=f"{sid} from node {holder}")
                 break
             except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
@@ -722,7 +722,8 @@ class StoreServer:
         problems = []
         checks = []
         if hot is not None:
-            checks.append(("hot", lambda: open_shared(ray.get(hot.refs[0])), f"{sid} (shared-memory copy)"))
+            checks.append(
+                ("hot", lambda: open_shared(ray.get(hot.refs[0]), strict=False), f"{sid} (shared-memory copy)"))
         expect = Expected(*sid, info.summary.checksum)
         if file is not None:
             checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)", expect=expect), None))

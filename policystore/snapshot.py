@@ -31,7 +31,7 @@ class Snapshot(Mapping[str, torch.Tensor]):
         if header is None or header.nbytes != len(buffer):
             header = parse_header(buffer, name=str(sid))
         self._header = header
-        self._views = tensor_views(buffer, header, str(sid))
+        self._views: dict[str, SharedTensor] | None = None  # made on first use: load_module never needs them
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -60,16 +60,18 @@ class Snapshot(Mapping[str, torch.Tensor]):
         return view
 
     def __getitem__(self, name: str) -> SharedTensor:
+        if self._views is None:
+            self._views = tensor_views(self._buffer, self._header, str(self.id))
         try:
             return self._views[name]
         except KeyError:
             raise KeyError(f"snapshot {self.id} has no tensor {name!r}; it has {sorted(self._views)}") from None
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._views)
+        return iter(self._header.tensors)
 
     def __len__(self) -> int:
-        return len(self._views)
+        return len(self._header.tensors)
 
     def __repr__(self) -> str:
         return f"Snapshot({self.id}, {len(self)} tensors, {self.nbytes} bytes)"

@@ -271,13 +271,14 @@ def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, wha
 
 
 def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expected | None, *,
-         versioned: bool = True) -> tuple[np.ndarray, Pending]:
+         versioned: bool = True, private: bool = False) -> tuple[np.ndarray, Pending]:
     """The file's snapshot buffer, and its checksum check (see DiskTier.read); ``Pending.wait()`` before use.
 
-    A raw file is mapped read-only and read in by the map call; a large one's checksum then runs on a helper
-    thread, so the caller can copy the buffer meanwhile (both release the GIL) and the check adds little to
-    the copy. An lz4 file is decompressed into a buffer no larger than its header describes (and at most
-    MAX_LZ4_RATIO times the file) while this thread checksums what has arrived. Content problems raise
+    A raw file is mapped read-only and read in by the map call (``private``: copied into private memory instead,
+    for a caller that keeps the buffer); a large one's checksum then runs on a helper thread, so the caller can
+    copy the buffer meanwhile (both release the GIL) and the check adds little to the copy. An lz4 file is
+    decompressed into a buffer no larger than its header describes (and at most MAX_LZ4_RATIO times the file)
+    while this thread checksums what has arrived. Content problems raise
     CorruptSnapshotError, anything else _NotTheFile.
     """
     if expect is not None and expect.id != sid:
@@ -285,7 +286,7 @@ def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expec
     try:
         if file.compressed:
             return _lz4_read_verified(f, file, sid, what, expect), Pending()
-        buf = _map_readonly(f)
+        buf = _read_private(f, what) if private else _map_readonly(f)
         header = _parse(buf, what, len(buf))
         check_identity(header, sid, expect, what, versioned=versioned)
         return buf, Pending(buf, header, what)
@@ -361,6 +362,23 @@ def _map_readonly(f: BinaryIO) -> np.ndarray:
         return np.empty(0, dtype=np.uint8)
     mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
     return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def _read_private(f: BinaryIO, what: str) -> np.ndarray:
+    """The whole file as a read-only uint8 array in private memory. A buffer kept for long (a Ray-free reader's
+    views) must not be a shared map of the file: another process truncating the file would make the next read
+    of the lost pages kill this process with SIGBUS."""
+    size = os.fstat(f.fileno()).st_size
+    buf = np.empty(size, dtype=np.uint8)
+    view = memoryview(buf)
+    done = 0
+    while done < size:
+        n = f.readinto(view[done:])
+        if not n:
+            raise CorruptSnapshotError(f"{what}: the file shrank to {done} of {size} bytes while being read")
+        done += n
+    buf.flags.writeable = False
+    return buf
 
 
 def _lz4_claimed_size(f: BinaryIO, file_bytes: int, what: str) -> int:

@@ -10,6 +10,15 @@ training-mode norms...) with ReadOnlyWeightsError. Results that alias the shared
 
 ``fast_reads()`` turns the torch-level guard off for a block of read-only forward passes (the dispatch costs a few
 microseconds per op); the OS protection still holds there.
+
+Rebinding is apart from writing: ``.data = x``, ``set_``, ``t_``, ``resize_`` and the like change no byte but what a
+tensor object points at, and torch's module conversions (``half()``, ``to(dtype)``, ``to_empty()``) and
+``vector_to_parameters`` assign ``.data``. Two things keep that from reaching anyone else: every module built on a
+snapshot gets tensor objects of its own (``build_on_views`` makes them from the buffer and its header, never from
+views someone holds), and a shared tensor refuses each rebinding route with ReadOnlyWeightsError in Python methods
+of its class, which ``fast_reads()`` does not turn off. ``share_memory_()`` is a no-op: the tensor already lives in
+shared memory, and torch's own would move the whole snapshot buffer, under every view of it in the process, to a
+private writable copy.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import contextlib
 import inspect
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +43,7 @@ _INPLACE_DUNDERS = frozenset(
     f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor",
                             "lshift", "rshift")
 ) | {"__setitem__", "__set__"}
-_HARMLESS_INPLACE = frozenset({"requires_grad_", "share_memory_", "retain_grad"})
+_HARMLESS_INPLACE = frozenset({"requires_grad_", "retain_grad"})
 # Functionals that write into an argument depending on another one: name -> (argument written, trigger)
 _RENORM = {"embedding": "weight", "embedding_bag": "weight"}  # renormalise the looked-up rows when max_norm is set
 
@@ -131,10 +140,9 @@ class SharedTensor(torch.Tensor):
 
     # Slots, not instance attributes: a view is made per tensor per snapshot a process opens, and an instance
     # __dict__ would cost each one a few hundred bytes of private memory.
-    __slots__ = ("snapshot", "_span", "_param")
+    __slots__ = ("snapshot", "_span")
     snapshot: str  # the snapshot's id, for error messages
     _span: tuple[int, int]  # address range of the snapshot buffer, to spot results that alias it
-    _param: SharedParameter | None  # this view as a module parameter, made on first use
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -170,6 +178,23 @@ class SharedTensor(torch.Tensor):
         memo[id(self)] = copy = self._private_copy()
         return copy
 
+    @property
+    def data(self) -> torch.Tensor:
+        """The tensor without autograd history: a view of the same shared memory (guarded, outside ``fast_reads``)."""
+        return torch._C.TensorBase.data.__get__(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        """Refused (but for ``t.data = t``, what ``module.to()`` does when nothing changes): see ``_refuse_rebind``."""
+        if value is not self:
+            _refuse_rebind(self, ".data = ... (what module.half(), .to(dtype), .to_empty() and "
+                                 "vector_to_parameters do)")
+
+    def share_memory_(self) -> SharedTensor:
+        """Nothing to do: the tensor is in the node's shared memory already. (torch's own would copy the snapshot
+        buffer to a new shared-memory file and move every view of it in this process over to that copy.)"""
+        return self
+
     def _private_copy(self) -> torch.Tensor:
         """A plain tensor with a copy of the values; a Parameter stays a Parameter."""
         with torch._C.DisableTorchFunctionSubclass():
@@ -194,6 +219,34 @@ def _guard_aliases(result: Any, source: SharedTensor) -> Any:
     if isinstance(result, np.ndarray):
         result.flags.writeable = False  # Tensor.numpy() of a shared tensor: keep numpy's own guard on
     return result
+
+
+# In-place ops that change what a tensor object is (its storage, shape, strides) rather than its bytes
+_REBINDS = ("set_", "t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_", "squeeze_", "unsqueeze_", "resize_",
+            "resize_as_")
+
+
+def _refuse_rebind(tensor: SharedTensor, what: str) -> None:
+    raise ReadOnlyWeightsError(
+        f"{what} would rebind a tensor of shared snapshot {tensor.snapshot} (its storage, shape or dtype), which "
+        "other views and modules of that snapshot in this process may hold; refused inside fast_reads() too. Take a "
+        "private copy first (tensor.clone(), or copy.deepcopy(module) for a module) and change that."
+    )
+
+
+def _rebind_refusal(name: str) -> Callable[..., None]:
+    """A SharedTensor method for the rebinding op ``name``: a Python method of the class, so it refuses whether the
+    torch-level guard is on or not (and ``set_`` never reaches ``__torch_function__`` at all)."""
+
+    def refuse(self: SharedTensor, *args: Any, **kwargs: Any) -> None:
+        _refuse_rebind(self, f"{name}()")
+
+    refuse.__name__ = refuse.__qualname__ = name
+    return refuse
+
+
+for _name in _REBINDS:
+    setattr(SharedTensor, _name, _rebind_refusal(_name))
 
 
 class SharedParameter(SharedTensor):
@@ -222,7 +275,6 @@ def _as_shared(tensor: torch.Tensor, snapshot: str, span: tuple[int, int], cls: 
         shared = torch.Tensor._make_subclass(cls, tensor, False)
     shared.snapshot = snapshot
     shared._span = span
-    shared._param = None
     return shared
 
 
@@ -233,17 +285,22 @@ def fast_reads() -> Iterator[None]:
     Inside the block, ``SharedTensor`` dispatch is off: ops run at plain-tensor speed and results are plain
     tensors. Safe because a reader's snapshot pages are write-protected by the OS: a write in the block does not
     raise ReadOnlyWeightsError but kills the process (SIGSEGV, with a traceback) instead of changing shared
-    weights. Thread-local; blocks nest.
+    weights; rebinding a shared tensor (``.data =``, ``set_``, ``t_``, ``module.half()``...) still raises it.
+    Thread-local; blocks nest.
     """
     with torch._C.DisableTorchFunctionSubclass():
         yield
 
 
-def tensor_views(buf: np.ndarray, header: Header, snapshot: str) -> dict[str, SharedTensor]:
-    """One guarded view per tensor, all over ``buf`` (no bytes are copied).
+def tensor_views(
+    buf: np.ndarray, header: Header, snapshot: str, parameters: Collection[str] = ()
+) -> dict[str, SharedTensor]:
+    """One guarded view per tensor, all over ``buf`` (no bytes are copied); those named in ``parameters`` are
+    SharedParameters.
 
     Each view is one ``as_strided`` of a typed view of the data section (one per dtype): the cheapest way torch
-    offers to make a view, which matters because a reader makes them for every snapshot it opens.
+    offers to make a view, which matters because a reader makes them for every snapshot it opens and every module
+    it builds.
     """
     base = _frombuffer(buf)
     span = (base.data_ptr(), base.data_ptr() + base.numel())
@@ -261,7 +318,7 @@ def tensor_views(buf: np.ndarray, header: Header, snapshot: str) -> dict[str, Sh
                 whole = typed[dtype] = data[: len(data) // size * size].view(dtype)
             plain = whole.as_strided(entry.shape, _contiguous_strides(entry.shape),
                                      whole.storage_offset() + entry.start // dtype.itemsize)
-        views[name] = _as_shared(plain, snapshot, span)
+        views[name] = _as_shared(plain, snapshot, span, SharedParameter if name in parameters else SharedTensor)
     return views
 
 
@@ -299,6 +356,7 @@ class _Skeleton:
     own_setattr: list[bool]  # per submodule: its class overrides __setattr__ (e.g. RNNs track their weights)
     slots: dict[str, tuple[int, str, bool]] | None  # state key -> (index in modules, attribute, is a parameter);
     # None when the module's state_dict does not list its parameters and buffers by path (custom state_dict)
+    parameters: frozenset[str]  # the state keys that are parameters (when slots says)
     expected: dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
@@ -351,7 +409,8 @@ def _make_skeleton(build: Callable[[], nn.Module]) -> _Skeleton:
     by_path = {k: slots[k] for k in state} if state.keys() == slots.keys() else None
     containers = [[k for k, v in vars(sub).items() if isinstance(v, (dict, list, set))] for sub in modules]
     own_setattr = [type(sub).__setattr__ is not nn.Module.__setattr__ for sub in modules]
-    return _Skeleton(module, modules, containers, own_setattr, by_path, expected)
+    parameters = frozenset(k for k, (_, _, is_param) in by_path.items() if is_param) if by_path else frozenset()
+    return _Skeleton(module, modules, containers, own_setattr, by_path, parameters, expected)
 
 
 def _clone(skeleton: _Skeleton) -> list[nn.Module]:
@@ -374,37 +433,26 @@ def _clone(skeleton: _Skeleton) -> list[nn.Module]:
     return clones
 
 
-def _param(view: SharedTensor) -> SharedParameter:
-    """The Parameter over ``view`` (itself a guarded view), made once and shared by every module built on it.
-
-    An alias of the view (which has no autograd history to detach from) whose class marks it a Parameter; a
-    separate object, so that what torch does to a module's parameters (``requires_grad_``) leaves the views that
-    ``get`` hands out alone.
-    """
-    param = view._param
-    if param is None:
-        with torch._C.DisableTorchFunctionSubclass():  # as_subclass would go through the guard's dispatch
-            param = view._param = _as_shared(view, view.snapshot, view._span, SharedParameter)
-    return param
-
-
-def build_on_views(build: Callable[[], nn.Module], views: dict[str, SharedTensor], snapshot: str) -> nn.Module:
-    """An eval-mode module whose parameters and buffers ARE the shared views (requires_grad=False).
+def build_on_views(build: Callable[[], nn.Module], buf: np.ndarray, header: Header, snapshot: str) -> nn.Module:
+    """An eval-mode module whose parameters and buffers are shared views of the snapshot in ``buf``
+    (requires_grad=False).
 
     ``build()`` runs once per callable, on the meta device (no parameter memory): later calls with the same
     callable clone that skeleton, which costs microseconds, so pass the same ``build`` each time and let it return
-    the same architecture. Modules built on the same snapshot in a process share its Parameter objects. A snapshot
-    that does not fit raises ShapeMismatchError naming the tensors.
+    the same architecture. The module's tensors are objects of its own, made from ``buf`` and ``header``: what is
+    done to one module's Parameters (``requires_grad_``, a rebinding route past the guard) leaves every other module
+    and view of the snapshot alone. A snapshot that does not fit raises ShapeMismatchError naming the tensors.
     """
     skeleton = _skeleton(build)
-    problems = _misfit(skeleton, views)
+    problems = _misfit(skeleton, header)
     if problems:  # the callable may build something else by now: judge by a fresh build
         skeleton = _skeleton(build, fresh=True)
-        problems = _misfit(skeleton, views)
+        problems = _misfit(skeleton, header)
     if problems:
         raise ShapeMismatchError(
             f"snapshot {snapshot} does not fit {type(skeleton.module).__name__}: " + " | ".join(problems)
         )
+    views = tensor_views(buf, header, snapshot, skeleton.parameters)
     clones = _clone(skeleton)
     if skeleton.slots is None:  # a module with its own state_dict layout: let torch place the tensors
         clones[0].load_state_dict(views, strict=True, assign=True)
@@ -412,7 +460,7 @@ def build_on_views(build: Callable[[], nn.Module], views: dict[str, SharedTensor
             param.requires_grad_(False)
     else:
         for key, (i, attr, is_param) in skeleton.slots.items():
-            tensor = _param(views[key]) if is_param else views[key]
+            tensor = views[key]
             if skeleton.own_setattr[i]:
                 setattr(clones[i], attr, tensor)
             else:
@@ -425,19 +473,19 @@ def build_on_views(build: Callable[[], nn.Module], views: dict[str, SharedTensor
     return clones[0]
 
 
-def _misfit(skeleton: _Skeleton, views: dict[str, SharedTensor]) -> list[str]:
-    """What keeps ``views`` from fitting the skeleton (nothing, usually: checked fast)."""
+def _misfit(skeleton: _Skeleton, header: Header) -> list[str]:
+    """What keeps the snapshot ``header`` describes from fitting the skeleton (nothing, usually: checked fast)."""
     expected = skeleton.expected
-    with torch._C.DisableTorchFunctionSubclass():  # shape and dtype reads without the guard's dispatch
-        if views.keys() == expected.keys() and all((tuple(v.shape), v.dtype) == expected[k] for k, v in views.items()):
-            return []
+    have = {k: (e.shape, e.dtype) for k, e in header.tensors.items()}
+    if have == expected:
+        return []
     problems = []
-    missing = sorted(set(expected) - set(views))
-    unexpected = sorted(set(views) - set(expected))
+    missing = sorted(set(expected) - set(have))
+    unexpected = sorted(set(have) - set(expected))
     wrong = [
-        f"{k}: module {expected[k][0]} {expected[k][1]}, snapshot {tuple(views[k].shape)} {views[k].dtype}"
-        for k in sorted(set(expected) & set(views))
-        if (tuple(views[k].shape), views[k].dtype) != expected[k]
+        f"{k}: module {expected[k][0]} {expected[k][1]}, snapshot {have[k][0]} {have[k][1]}"
+        for k in sorted(set(expected) & set(have))
+        if have[k] != expected[k]
     ]
     if missing:
         problems.append(f"missing from snapshot: {missing}")

@@ -8,6 +8,7 @@ memory for new objects without crashing the process that writes them.
 from __future__ import annotations
 
 import ctypes
+import errno
 import glob
 import os
 import time
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import policystore
 from policystore import format as fmt
 from policystore import protect
 from policystore.views import tensor_views
@@ -210,3 +212,86 @@ def test_pages_of_an_earlier_mapping_generation_are_never_made_writable_again():
     finally:
         protect.follow_generation(protect._one_generation)
         protect._mprotect(inner, end, protect._PROT_READ | protect._PROT_WRITE)  # before buf's memory is freed
+
+
+@ray.remote(num_cpus=0.1, max_restarts=0)
+class Cramped:
+    """A reader process at the kernel's limit on memory maps: its ``mprotect`` calls with a protection in ``fail``
+    fail with ENOMEM, as they do at ``vm.max_map_count`` (protecting part of a mapping splits it in two)."""
+
+    def __init__(self, fail: tuple[int, ...]):
+        real = protect._libc.mprotect
+
+        def mprotect(addr: int, size: int, prot: int) -> int:
+            if prot in fail:
+                ctypes.set_errno(errno.ENOMEM)
+                return -1
+            return real(addr, size, prot)
+
+        protect._libc = type("Libc", (), {"mprotect": staticmethod(mprotect)})
+
+    def get(self, policy_id: str) -> str:
+        try:
+            policystore.connect().get(policy_id)
+        except policystore.PolicyStoreError as exc:
+            return f"{type(exc).__name__}: {exc} [ranges {protect.protected_ranges()}]"
+        return "served"
+
+    def open_unprotected(self, refs: list) -> tuple[int, str]:
+        """What the store does: read a snapshot whose pages it could not protect, and keep only the array."""
+        self.arr = protect.open_shared(ray.get(refs[0]), strict=False)
+        return zlib.crc32(self.arr), page_perms(self.arr.ctypes.data + self.arr.nbytes // 2)
+
+    def open_and_drop(self, refs: list) -> None:
+        """Protect a snapshot's pages (that works), then drop it: making them writable again fails."""
+        arr = protect.open_shared(ray.get(refs[0]))
+        assert page_perms(arr.ctypes.data).startswith("r--")
+        del arr
+
+    def crc(self) -> int:
+        return zlib.crc32(self.arr)
+
+    def churn(self, rounds: int, nbytes: int) -> int:
+        """Fill the object store's free memory with objects of ``nbytes`` this process writes (ray.put)."""
+        for i in range(rounds):
+            new = ray.put(protect.shareable(np.full(nbytes, i % 250, np.uint8)))
+            assert int(ray.get(new)[1][0]) == i % 250
+            del new
+        return len(protect._stuck)
+
+
+def test_a_reader_that_cannot_protect_pages_refuses_the_snapshot_with_a_clear_error(make_store):
+    store = make_store()
+    store.publish("cramped", {"w": torch.randn(512, 512)})
+    reader = Cramped.remote((protect._PROT_READ,))
+    answer = ray.get(reader.get.remote("cramped"))
+    assert answer.startswith("WriteProtectionError: [Errno 12] cannot make the pages of cramped@v1 read-only"), answer
+    assert "vm.max_map_count" in answer and answer.endswith("[ranges 0]")
+    assert issubclass(policystore.WriteProtectionError, policystore.PolicyStoreError)
+    ray.kill(reader)
+
+
+def test_an_unprotected_array_keeps_its_buffer_after_the_object_is_deleted_and_the_memory_reused(ray_session):
+    """The store's mode (strict=False): the array still pins the buffer, so freeing the object and filling the
+    object store with new objects never puts other bytes under it."""
+    buf = snapshot_bytes()
+    ref = ray.put(protect.shareable(buf))
+    reader = Cramped.remote((protect._PROT_READ,))
+    crc, perms = ray.get(reader.open_unprotected.remote([ref]))
+    assert crc == zlib.crc32(buf) and perms.startswith("rw")  # served, over writable pages
+    del ref  # the owner lets the object go: only the reader's array still holds it
+    ray.get(reader.churn.remote(500, buf.nbytes))
+    assert ray.get(reader.crc.remote()) == zlib.crc32(buf)
+    ray.kill(reader)
+
+
+def test_pages_that_cannot_be_made_writable_again_keep_their_buffer_for_good(ray_session):
+    """Read-only pages handed back to the object store would crash this process's next put there: the buffer is
+    kept instead, and the process goes on putting objects."""
+    buf = snapshot_bytes()
+    ref = ray.put(protect.shareable(buf))
+    reader = Cramped.remote((protect._PROT_READ | protect._PROT_WRITE,))
+    ray.get(reader.open_and_drop.remote([ref]))
+    del ref
+    assert ray.get(reader.churn.remote(500, buf.nbytes)) == 1  # alive, and the one buffer is kept
+    ray.kill(reader)

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,34 @@ def test_bad_files_are_reported_never_served_and_never_touched(spill_folder, tmp
     assert same(dict(folder.get("p", 3)), weights(3))
     assert folder.verify("p", 3) == []
     assert sorted((str(f), f.lstat().st_size) for f in root.rglob("*")) == before  # nothing moved or deleted
+
+
+@pytest.mark.parametrize("size", [0, 4096], ids=["emptied", "cut short"])
+def test_views_survive_another_process_truncating_their_file(spill_folder, size):
+    """A shared map of the file would kill the reader with SIGBUS on its next read of a lost page: the views hold
+    a private copy, and the damaged file is refused afterwards."""
+    root, _ = spill_folder
+    path = root / "p" / "0000000002.safetensors"
+    crc = zlib.crc32(path.read_bytes())
+    code = f"""
+import subprocess, zlib
+from policystore.errors import CorruptSnapshotError
+from policystore.reader import open_folder
+folder = open_folder({str(root)!r})
+snap = folder.get("p", 2)
+subprocess.run(["truncate", "-s", "{size}", {str(path)!r}], check=True)
+print("crc", zlib.crc32(snap.buffer), "sum", float(snap["w"].double().sum()), flush=True)
+try:
+    folder.get("p", 2)
+except CorruptSnapshotError as exc:
+    print("refused", exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, f"rc {out.returncode}: {out.stderr[-2000:]}"
+    assert path.stat().st_size == size
+    w = weights(2)["w"].double().sum().item()
+    assert f"crc {crc} sum {w}" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "refused" in out.stdout, out.stdout
 
 
 def test_durable_folder_layout(tmp_path):

@@ -1,11 +1,13 @@
 """The write guard and modules built on shared views (no Ray needed: the guard lives in the tensors)."""
 
+import contextlib
 import copy
 import pickle
 import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +15,7 @@ from torch import nn
 
 from policystore import format as fmt
 from policystore.errors import InvalidWeightsError, ReadOnlyWeightsError, ShapeMismatchError
-from policystore.views import SharedTensor, build_on_views, fast_reads, tensor_views
+from policystore.views import SharedParameter, SharedTensor, build_on_views, fast_reads, tensor_views
 
 
 def make_net() -> nn.Module:
@@ -26,7 +28,8 @@ def shared():
     source = make_net().eval()
     buf = fmt.pack(source.state_dict(), policy_id="p")
     buf.flags.writeable = False  # as ray.get hands it out
-    module = build_on_views(make_net, tensor_views(buf, fmt.verify_buffer(buf, name="p"), "p@v1"), "p@v1")
+    fmt.verify_buffer(buf, name="p")
+    module = build_on(make_net, buf)
     return source, module, buf
 
 
@@ -145,14 +148,14 @@ def test_deepcopy_gives_a_private_trainable_module_and_leaves_the_views_alone(sh
 
 def test_views_save_and_pickle_as_plain_copies_of_their_own_values(tmp_path):
     source = nn.Sequential(nn.Linear(256, 256), nn.BatchNorm1d(256)).eval()  # float32 and an int64 in one buffer
-    views, _ = shared_views(source)
+    views, buf = shared_views(source)
     torch.save(views, tmp_path / "opponent.pt")  # refused before: one storage seen as two dtypes
     back = torch.load(tmp_path / "opponent.pt", weights_only=True)
     assert {k: type(v) for k, v in back.items()} == dict.fromkeys(views, torch.Tensor)
     assert all(torch.equal(back[k], v) for k, v in source.state_dict().items())
     torch.save(source.state_dict(), tmp_path / "private.pt")  # each tensor's bytes once, not the whole buffer each
     assert (tmp_path / "opponent.pt").stat().st_size <= 1.1 * (tmp_path / "private.pt").stat().st_size
-    module = build_on_views(lambda: nn.Sequential(nn.Linear(256, 256), nn.BatchNorm1d(256)), views, "p@v1")
+    module = build_on(lambda: nn.Sequential(nn.Linear(256, 256), nn.BatchNorm1d(256)), buf)
     param = pickle.loads(pickle.dumps(module[0].weight))
     assert type(param) is nn.Parameter and torch.equal(param, source[0].weight)
     param.data.add_(1)  # a private copy
@@ -172,26 +175,29 @@ def test_module_parameters_are_parameters_apart_from_the_views(shared):
 
 def test_wrong_shapes_name_the_snapshot_and_the_tensors():
     buf = fmt.pack(make_net().state_dict(), policy_id="p")
-    views = tensor_views(buf, fmt.parse_header(buf, name="p"), "p@v2")
 
     def other():
         return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.BatchNorm1d(32), nn.Linear(32, 3))
 
     with pytest.raises(ShapeMismatchError, match=r"p@v2.*0\.weight"):
-        build_on_views(other, views, "p@v2")
+        build_on(other, buf, "p@v2")
     with pytest.raises(ShapeMismatchError, match="missing from snapshot"):
-        build_on_views(lambda: nn.Sequential(make_net(), nn.Linear(3, 1)), views, "p@v2")
+        build_on(lambda: nn.Sequential(make_net(), nn.Linear(3, 1)), buf, "p@v2")
 
 
-def shared_views(module: nn.Module, snapshot: str = "p@v1") -> dict[str, torch.Tensor]:
+def build_on(build, buf, snapshot: str = "p@v1") -> nn.Module:
+    """``build_on_views`` over a packed snapshot buffer."""
+    return build_on_views(build, buf, fmt.parse_header(buf, name="p"), snapshot)
+
+
+def shared_views(module: nn.Module, snapshot: str = "p@v1") -> tuple[dict[str, torch.Tensor], np.ndarray]:
     buf = fmt.pack(module.state_dict(), policy_id="p")
     buf.flags.writeable = False
     return tensor_views(buf, fmt.verify_buffer(buf, name="p"), snapshot), buf
 
 
 INFERENCE_WRITES = {
-    "Embedding(max_norm) forward": lambda w: build_on_views(
-        lambda: nn.Embedding(16, 4, max_norm=1.0), {"weight": w}, "p@v1")(torch.tensor([0, 3])),
+    "Embedding(max_norm) forward": lambda w: nn.Embedding.from_pretrained(w, max_norm=1.0)(torch.tensor([0, 3])),
     "F.embedding max_norm": lambda w: F.embedding(torch.tensor([1]), w, max_norm=0.5),
     "F.embedding max_norm positional": lambda w: F.embedding(torch.tensor([1]), w, None, 0.5),
     "F.embedding_bag max_norm": lambda w: F.embedding_bag(torch.tensor([1, 2]), w, torch.tensor([0]), max_norm=0.5),
@@ -218,11 +224,11 @@ def test_ordinary_inference_that_would_write_is_refused(write):
 
 
 def test_out_of_place_functionals_and_plain_embedding_lookups_still_work():
-    views, _ = shared_views(nn.Embedding(16, 4))
+    views, buf = shared_views(nn.Embedding(16, 4))
     w = views["weight"]
     assert torch.equal(F.relu(w), torch.relu(w.clone()))
     assert torch.equal(F.embedding(torch.tensor([2]), w), w[2:3])
-    module = build_on_views(lambda: nn.Embedding(16, 4), views, "p@v1")
+    module = build_on(lambda: nn.Embedding(16, 4), buf, "p@v1")
     assert torch.equal(module(torch.tensor([5])), w[5:6])
 
 
@@ -238,10 +244,10 @@ class Counted:
 
 
 def test_the_skeleton_is_built_once_per_build_callable_and_clones_share_no_state():
-    views, buf = shared_views(make_net().eval())
+    _, buf = shared_views(make_net().eval())
     build = Counted()
-    a = build_on_views(build, views, "p@v1")
-    b = build_on_views(build, views, "p@v1")
+    a = build_on(build, buf, "p@v1")
+    b = build_on(build, buf, "p@v1")
     assert build.calls == 1
     assert a is not b and a[0] is not b[0] and a[0]._parameters is not b[0]._parameters
     lo, hi = buf.ctypes.data, buf.ctypes.data + buf.nbytes
@@ -256,7 +262,7 @@ def test_the_skeleton_is_built_once_per_build_callable_and_clones_share_no_state
     assert not b.training and "extra" not in b[0]._modules and not b[0]._forward_hooks
     assert isinstance(b[1], nn.ReLU)
     x = torch.randn(3, 8)
-    assert torch.equal(b(x), build_on_views(make_net, views, "p@v1")(x))
+    assert torch.equal(b(x), build_on(make_net, buf, "p@v1")(x))
 
 
 def test_a_build_method_is_cached_too_and_a_changed_architecture_is_rebuilt():
@@ -269,30 +275,30 @@ def test_a_build_method_is_cached_too_and_a_changed_architecture_is_rebuilt():
             return nn.Sequential(nn.Linear(8, self.hidden), nn.ReLU(), nn.Linear(self.hidden, 3))
 
     factory = Factory()
-    small, _ = shared_views(factory.build())
-    build_on_views(factory.build, small, "p@v1")
-    build_on_views(factory.build, small, "p@v1")
+    _, small_buf = shared_views(factory.build())
+    build_on(factory.build, small_buf, "p@v1")
+    build_on(factory.build, small_buf, "p@v1")
     assert factory.calls == 2  # one for the source weights, one skeleton
     factory.hidden = 32
-    big, _ = shared_views(factory.build(), "p@v2")
-    module = build_on_views(factory.build, big, "p@v2")
+    _, big_buf = shared_views(factory.build(), "p@v2")
+    module = build_on(factory.build, big_buf, "p@v2")
     assert module[0].out_features == 32
 
 
 def test_recurrent_modules_run_on_views():
     torch.manual_seed(0)
     source = nn.LSTM(4, 8, batch_first=True).eval()
-    views, _ = shared_views(source)
+    _, buf = shared_views(source)
     x = torch.randn(2, 5, 4)
     for _ in range(2):  # built, then cloned from the skeleton
-        module = build_on_views(lambda: nn.LSTM(4, 8, batch_first=True), views, "p@v1")
+        module = build_on(lambda: nn.LSTM(4, 8, batch_first=True), buf, "p@v1")
         assert torch.equal(module(x)[0], source(x)[0])
 
 
 def test_a_build_that_is_not_a_module_is_refused():
-    views, _ = shared_views(make_net())
+    _, buf = shared_views(make_net())
     with pytest.raises(InvalidWeightsError, match="must return a torch.nn.Module.*dict"):
-        build_on_views(lambda: {"w": torch.zeros(1)}, views, "p@v1")
+        build_on(lambda: {"w": torch.zeros(1)}, buf, "p@v1")
 
 
 def test_non_persistent_buffers_are_named():
@@ -302,9 +308,9 @@ def test_non_persistent_buffers_are_named():
             self.fc = nn.Linear(2, 2)
             self.register_buffer("table", torch.arange(4.0), persistent=False)
 
-    views, _ = shared_views(WithTable())
+    _, buf = shared_views(WithTable())
     with pytest.raises(ShapeMismatchError, match="non-persistent buffers.*table"):
-        build_on_views(WithTable, views, "p@v1")
+        build_on(WithTable, buf, "p@v1")
 
 
 def test_fast_reads_computes_the_same_without_the_guard(shared):
@@ -342,16 +348,105 @@ def test_an_unhashable_build_object_is_cached_by_identity():
             return nn.Linear(4, self.hidden)
 
     spec = Spec(8)
-    views, _ = shared_views(nn.Linear(4, 8))
+    _, buf = shared_views(nn.Linear(4, 8))
     for _ in range(3):
-        build_on_views(spec.build, views, "p@v1")
+        build_on(spec.build, buf, "p@v1")
     assert spec.calls == 1
 
 
 def test_a_build_returning_an_existing_module_leaves_it_untouched():
     mine = make_net().train()
     weight = mine[0].weight
-    views, _ = shared_views(make_net())
-    module = build_on_views(lambda: mine, views, "p@v1")
+    _, buf = shared_views(make_net())
+    module = build_on(lambda: mine, buf, "p@v1")
     assert mine.training and mine[0].weight is weight and not module.training
     assert isinstance(module[0].weight, SharedTensor)
+
+
+def total(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# Ways to rebind what a module's tensors are (storage, shape, dtype) without writing a byte of shared memory
+REBINDS = {
+    "set_": lambda m: m[0].weight.set_(torch.zeros(16, 8)),
+    "parametrizations.orthogonal": lambda m: torch.nn.utils.parametrizations.orthogonal(m[0]),
+    ".data =": lambda m: setattr(m[0].weight, "data", torch.zeros(16, 8)),
+    "buffer .data =": lambda m: setattr(m[2].running_mean, "data", torch.ones(16)),
+    "t_": lambda m: m[3].weight.t_(),
+    "transpose_": lambda m: m[3].weight.transpose_(0, 1),
+    "swapdims_": lambda m: m[3].weight.swapdims_(0, 1),
+    "as_strided_": lambda m: m[0].weight.as_strided_((16, 8), (1, 16)),
+    "unsqueeze_": lambda m: m[0].bias.unsqueeze_(0),
+    "squeeze_": lambda m: m[2].num_batches_tracked.squeeze_(),
+    "resize_": lambda m: m[0].weight.resize_(4, 4),
+    "resize_as_": lambda m: m[0].weight.resize_as_(torch.zeros(4, 4)),
+    "module.half()": lambda m: m.half(),
+    "module.to(dtype)": lambda m: m.to(torch.float64),
+    "to_empty": lambda m: m.to_empty(device="cpu"),
+    "vector_to_parameters": lambda m: torch.nn.utils.vector_to_parameters(torch.zeros(total(m)), m.parameters()),
+}
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["guarded", "fast_reads"])
+@pytest.mark.parametrize("rebind", REBINDS.values(), ids=REBINDS.keys())
+def test_rebinding_a_modules_tensors_is_refused_and_changes_no_other_module(shared, rebind, fast):
+    source, module, buf = shared
+    other = build_on(make_net, buf)
+    x = torch.randn(5, 8)
+    with pytest.raises(ReadOnlyWeightsError, match="p@v1"), fast_reads() if fast else contextlib.nullcontext():
+        rebind(module)
+    later = build_on(make_net, buf)
+    for m in (module, other, later):
+        assert torch.equal(m(x), source(x))
+        assert all(type(t) in (SharedTensor, SharedParameter) for t in m.state_dict(keep_vars=True).values())
+
+
+def test_share_memory_is_a_no_op_and_a_write_after_it_still_meets_the_guard(shared):
+    """torch's share_memory_ would move the snapshot buffer under every view in the process to a private, writable
+    shared-memory copy, out of reach of the OS protection."""
+    source, module, buf = shared
+    lo, hi = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    for fast in (False, True):
+        with fast_reads() if fast else contextlib.nullcontext():
+            assert module.share_memory() is module and module[0].weight.share_memory_() is module[0].weight
+        assert all(lo <= t.data_ptr() < hi for t in module.state_dict().values())
+    with pytest.raises(ReadOnlyWeightsError, match="p@v1"):
+        module[0].weight.add_(1)
+    assert module.to("cpu") is module and module.float() is module  # conversions that change nothing still work
+
+
+def test_modules_on_one_snapshot_own_their_tensor_objects(shared):
+    """Even a rebinding that gets past every guard (torch's unbound C method) changes only the module it is done to:
+    other modules and the views of the snapshot keep their own objects, and later modules are made afresh."""
+    source, module, buf = shared
+    views = tensor_views(buf, fmt.parse_header(buf, name="p"), "p@v1")
+    other = build_on(make_net, buf)
+    assert all(a is not b for a, b in zip(module.parameters(), other.parameters(), strict=True))
+    assert all(a is not b for a, b in zip(module.buffers(), other.buffers(), strict=True))
+    with fast_reads():
+        torch.Tensor.set_(module[0].weight, torch.zeros(16, 8))
+        torch.Tensor.t_(module[3].weight)
+    x = torch.randn(5, 8)
+    assert not torch.equal(module[0].weight, source[0].weight)
+    for m in (other, build_on(make_net, buf)):
+        assert torch.equal(m(x), source(x))
+    assert torch.equal(views["0.weight"], source[0].weight)
+
+
+VIEW_REBINDS = {
+    "set_": lambda v: v.set_(torch.zeros(3)),
+    ".data =": lambda v: setattr(v, "data", torch.zeros(16, 8)),
+    "t_": lambda v: v.t_(),
+    "resize_": lambda v: v.resize_(2),
+}
+
+
+@pytest.mark.parametrize("rebind", VIEW_REBINDS.values(), ids=VIEW_REBINDS.keys())
+def test_views_of_a_snapshot_refuse_rebinding_inside_fast_reads_too(rebind):
+    """A process's Snapshot hands the same view objects to every caller of get()."""
+    source = make_net().eval()
+    views, _ = shared_views(source)
+    with fast_reads(), pytest.raises(ReadOnlyWeightsError, match="p@v1"):
+        rebind(views["0.weight"])
+    assert torch.equal(views["0.weight"], source[0].weight) and views["0.weight"].shape == (16, 8)

@@ -47,3 +47,27 @@ def test_threat_planes_show_wins_and_blocks_from_the_movers_view():
     assert playable[5, 3] == 1 and playable[3, 6] == 1 and playable.sum() == 7
     assert my_wins.sum() == 0
     assert their_wins[5, 3] == 1 and their_wins.sum() == 1  # player 1 completes four at the bottom of column 3
+
+
+class Probe(PolicyNet):
+    """A PolicyNet that records how an op on its weights dispatches: a guarded view's alias comes back a
+    SharedTensor (the write guard's per-op Python dispatch), a fast read's a plain tensor."""
+
+    def forward(self, planes):
+        self.seen = type(self.policy.weight.view(-1))
+        return super().forward(planes)
+
+
+def test_a_net_policy_over_store_views_runs_its_forward_without_the_guards_dispatch():
+    from policystore import format as fmt
+    from policystore.views import SharedTensor, build_on_views
+
+    buf = fmt.pack(Probe(16).state_dict(), policy_id="p")
+    buf.flags.writeable = False
+    net = build_on_views(lambda: Probe(16), buf, fmt.parse_header(buf, name="p"), "p@v1")
+    env = VecConnectFour(4)
+    ids = np.arange(4)
+    net(torch.from_numpy(observation_planes(env, ids)))
+    assert net.seen is SharedTensor  # called directly: guarded
+    net_policy(net)(env, ids, observation_planes(env, ids), env.legal_mask(ids))
+    assert net.seen is torch.Tensor
