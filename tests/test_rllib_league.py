@@ -288,6 +288,3 @@ def test_a_frozen_module_whose_snapshot_is_gone_raises_in_train(algo):
             algo.train()
     message = str(error.value)
     assert "'main_v5'" in message and repr(league_name(algo)) in message and "could not be attached" in message
-
-    remove_frozen(algo, "main_v5", new_agent_to_module_mapping_fn=opponent_mapping("main_v3"))
-    train_healthy(algo)
