@@ -47,6 +47,9 @@ class Matchmaking:
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
+    """What a checkpoint's ``policystore/`` folder gives back: the frozen set (in this session's store) and its
+    matchmaking."""
+
     frozen: dict[str, FrozenEntry]
     matchmaking: Matchmaking | None  # None: a checkpoint written before the matchmaking was saved
 

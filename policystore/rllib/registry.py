@@ -5,7 +5,8 @@ Ray restarts a dead EnvRunner from its original config and RLlib does not tell a
 when it builds its modules, on every ``set_state`` and at the top of every ``sample()``. It lives in the GCS
 key-value store of the Ray cluster, not in an actor: an actor would be one more Python process importing RLlib
 (about 260 MiB of PSS measured here), more than a whole league of small snapshots. Only ids, specs and the
-mapping function are kept here; the weights live in the node stores. The driver is the only writer.
+mapping function are kept here; the weights live in the node stores. The driver is the only writer of the league
+state; an EnvRunner only leaves the LeagueError it raised, for the driver to raise from ``train()``.
 """
 
 from __future__ import annotations
