@@ -2,6 +2,7 @@
 
     python -m benchmarks.rllib_memory --quick
     python -m benchmarks.rllib_memory --env-runners 2,4 --frozen 8,16,32 --hidden 1024
+    python -m benchmarks.rllib_memory --job train --env-runners 2 --frozen 8,16,32 --hidden 1024
 
 For every (mode, N) it starts a fresh Ray session (object-store pages touched before would look free), builds PPO
 on two-agent CartPole (examples/rllib_cartpole_league.py) with N remote EnvRunners plus RLlib's local one, trains
@@ -9,7 +10,10 @@ one iteration, measures the baseline, then freezes copies of ``main`` up to each
 with a mapping function that sends agent 1 to the frozen copies in turn. Before each reading every remote
 EnvRunner plays K+1 episodes, so each one has run every frozen module. Stock RLlib freezes as RLlib's league
 example does (``add_module`` + ``set_state``: the copy is also on the Learner); the store mode calls
-``policystore.rllib.add_frozen``.
+``policystore.rllib.add_frozen``. ``--job freeze`` (the default) only freezes between readings; ``--job train``
+runs one ``train()`` after every freeze, as a league job does (the Learner updates ``main``, weights are synced to
+every EnvRunner, the freshly frozen copy is played in that iteration). ``--learners 1`` puts the Learner in its
+own process (RLlib's default here, 0, keeps it in the driver).
 
 Rows (``what`` says which is which; PSS and USS in MiB):
 
@@ -21,6 +25,9 @@ Rows (``what`` says which is which; PSS and USS in MiB):
   the shared snapshots; USS = its private growth alone.
 - ``store_actor``, ``catalog_actor`` (store mode): those processes' own PSS and USS, absolute (not deltas): the
   fixed cost per node (store) and per cluster (catalog), whatever N and K.
+- ``process``: the node row's delta split by process (column ``process``): ``driver`` (with the Learner when
+  ``--learners 0``), ``learner_<i>``, ``env_runner_<i>``, ``store_actor``, ``catalog_actor``, and ``rest`` (every
+  other process of the session: raylet with the object store, GCS, Ray's helpers).
 """
 
 from __future__ import annotations
@@ -38,20 +45,56 @@ from benchmarks.harness import MiB, Results, int_list, make_parser, progress, ra
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rllib", "rllib+store")
-COLUMNS = ["mode", "env_runners", "frozen", "what", "pss_mib", "uss_mib", "copies_per_node", "module_mib",
-           "loadavg_1m"]
+COLUMNS = ["job", "mode", "env_runners", "frozen", "what", "process", "pss_mib", "uss_mib", "copies_per_node",
+           "module_mib", "loadavg_1m"]
+JOBS = ("freeze", "train")
 
 
 def pss_uss(pids: list[int]) -> tuple[int, int]:
     """Summed PSS and USS of ``pids`` (processes that are gone count 0)."""
     pss = uss = 0
     for pid in pids:
-        try:
-            info = psutil.Process(pid).memory_full_info()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        pss, uss = pss + info.pss, uss + info.uss
+        pss_, uss_ = per_pid(pid)
+        pss, uss = pss + pss_, uss + uss_
     return pss, uss
+
+
+def per_pid(pid: int) -> tuple[int, int]:
+    try:
+        info = psutil.Process(pid).memory_full_info()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0, 0
+    return info.pss, info.uss
+
+
+def process_roles(algorithm: Any, stock: bool) -> dict[str, int]:
+    """Role -> pid of every process the ``process`` rows name (the rest of the session is ``rest``)."""
+    from policystore.config import CATALOG_NAME, store_name
+
+    roles = {"driver": os.getpid()}
+    learners = algorithm.learner_group.foreach_learner(lambda learner: os.getpid()) \
+        if not algorithm.learner_group.is_local else []
+    for i, pid in enumerate(r.get() for r in learners):
+        roles[f"learner_{i}"] = pid
+    for i, pid in enumerate(env_runner_pids(algorithm), start=1):
+        roles[f"env_runner_{i}"] = pid
+    if not stock:
+        import ray
+
+        for role, name in (("store_actor", store_name(ray.get_runtime_context().get_node_id())),
+                           ("catalog_actor", CATALOG_NAME)):
+            pid = actor_pid(name)
+            if pid is not None:
+                roles[role] = pid
+    return roles
+
+
+def by_process(roles: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """PSS and USS of each role, and of ``rest``: the session's other processes."""
+    out = {role: per_pid(pid) for role, pid in roles.items()}
+    rest = [pid for pid in session_pids() if pid not in set(roles.values())]
+    out["rest"] = pss_uss(rest)
+    return out
 
 
 def session_pids() -> list[int]:
@@ -90,29 +133,34 @@ def module_mib(algorithm: Any) -> float:
     return sum(v.nbytes for v in state.values()) / MiB
 
 
-def measure(results: Results, mode: str, env_runners: int, frozen: list[int], hidden: int, advance: Any) -> None:
-    """Emit the rows of one (mode, N): one Algorithm grown through the K values in ``frozen``."""
+def measure(results: Results, job: str, mode: str, env_runners: int, frozen: list[int], hidden: int, learners: int,
+            advance: Any) -> None:
+    """Emit the rows of one (job, mode, N): one Algorithm grown through the K values in ``frozen``."""
     from examples.rllib_cartpole_league import freeze, ppo_config, round_robin_mapping
 
     stock = mode == "rllib"
-    algorithm = ppo_config(env_runners=env_runners, hidden=hidden, store=not stock).build_algo()
+    config = ppo_config(env_runners=env_runners, hidden=hidden, store=not stock).learners(num_learners=learners)
+    algorithm = config.build_algo()
     try:
         algorithm.train()
         size = module_mib(algorithm)
         settle(algorithm)
         runners = env_runner_pids(algorithm)
-        base_node, base_runners = pss_uss(session_pids()), pss_uss(runners)
+        roles = process_roles(algorithm, stock)
+        base_node, base_runners, base_roles = pss_uss(session_pids()), pss_uss(runners), by_process(roles)
         have: list[str] = []
         for k in frozen:
             while len(have) < k:
                 have.append(f"main_v{len(have) + 1}")
                 freeze(algorithm, have[-1], round_robin_mapping(have), stock=stock)
+                if job == "train":
+                    algorithm.train()
                 advance()
             algorithm.env_runner_group.foreach_env_runner(
                 lambda runner, n=k + 1: runner.sample(num_episodes=n), local_env_runner=False
             )
             settle(algorithm)
-            point = {"mode": mode, "env_runners": env_runners, "frozen": k, "module_mib": round(size, 3)}
+            point = {"job": job, "mode": mode, "env_runners": env_runners, "frozen": k, "module_mib": round(size, 3)}
             node = pss_uss(session_pids())
             node_pss = (node[0] - base_node[0]) / MiB
             results.emit({**point, "what": "node", "pss_mib": round(node_pss, 1),
@@ -122,6 +170,10 @@ def measure(results: Results, mode: str, env_runners: int, frozen: list[int], hi
             results.emit({**point, "what": "env_runner",
                           "pss_mib": round((now[0] - base_runners[0]) / MiB / env_runners, 1),
                           "uss_mib": round((now[1] - base_runners[1]) / MiB / env_runners, 1)})
+            for role, (pss, uss) in by_process(roles).items():
+                base = base_roles.get(role, (0, 0))
+                results.emit({**point, "what": "process", "process": role, "pss_mib": round((pss - base[0]) / MiB, 1),
+                              "uss_mib": round((uss - base[1]) / MiB, 1)})
             if not stock:
                 emit_actors(results, point)
     finally:
@@ -147,10 +199,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mode in MODES:
         for n in sorted({r["env_runners"] for r in rows}):
-            pts = [r for r in rows if r["mode"] == mode and r["env_runners"] == n and r["what"] == "node"]
-            if pts:
-                ax.plot([r["frozen"] for r in pts], [r["pss_mib"] for r in pts], marker="o",
-                        linestyle="-" if mode == "rllib+store" else "--", label=f"{mode}, {n} EnvRunners")
+            for job in JOBS:
+                pts = [r for r in rows if r["mode"] == mode and r["env_runners"] == n and r["what"] == "node"
+                       and r.get("job") == job]
+                if pts:
+                    ax.plot([r["frozen"] for r in pts], [r["pss_mib"] for r in pts], marker="o",
+                            linestyle="-" if mode == "rllib+store" else "--",
+                            label=f"{mode}, {n} EnvRunners, {job}")
     node = [r for r in rows if r["what"] == "node"]
     if node:
         ks = sorted({r["frozen"] for r in node})
@@ -172,6 +227,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=1024,
                         help="width of the two hidden layers (1024: a 4.0 MiB frozen module)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--job", choices=JOBS, default="freeze",
+                        help="freeze: only freeze between readings; train: one train() after every freeze")
+    parser.add_argument("--learners", type=int, default=0, help="remote Learners (0: the Learner is in the driver)")
     args = parser.parse_args(argv)
     if args.quick:
         args.env_runners, args.frozen, args.hidden = [2], [4], 512
@@ -180,17 +238,19 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     frozen = sorted(args.frozen)
     results = Results("rllib_memory", args, {"env_runners": args.env_runners, "frozen": frozen,
-                                             "hidden": args.hidden, "modes": args.modes})
+                                             "hidden": args.hidden, "modes": args.modes, "job": args.job,
+                                             "learners": args.learners})
     with progress() as bar:
         task = bar.add_task("freezing league snapshots", total=len(args.modes) * len(args.env_runners) * frozen[-1])
         for mode in args.modes:
             for n in args.env_runners:
                 with ray_session(object_store_bytes=1_500_000_000, num_cpus=2):
-                    measure(results, mode, n, frozen, args.hidden, lambda: bar.advance(task))
+                    measure(results, args.job, mode, n, frozen, args.hidden, args.learners,
+                            lambda: bar.advance(task))
     results.finish(COLUMNS, plot, notes=[
         "node: delta over the same Algorithm with no frozen module, summed over every process of the Ray session; "
-        "env_runner: delta per remote EnvRunner (mean); store_actor, catalog_actor: absolute. PSS shares each "
-        "shared page among its mappers; USS is private memory only.",
+        "env_runner: delta per remote EnvRunner (mean); process: the node delta split by process; store_actor, "
+        "catalog_actor: absolute. PSS shares each shared page among its mappers; USS is private memory only.",
     ])
 
 

@@ -303,6 +303,7 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
         # On the head node, with the GCS, whoever starts it and wherever it restarts: on a worker node, that node's
         # loss would stall every publish and "latest" lookup until the GCS declares the node dead (~15-30 s).
         resources={HEAD_NODE_RESOURCE_NAME: 0.001},
+        scheduling_strategy="DEFAULT",  # never the caller's placement group (a Tune trial's captures its children)
     ).remote(config.catalog_db(session), config, seed=_durable_seed(config),
                holdings=functools.partial(ask_stores, config.league))
 

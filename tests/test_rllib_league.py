@@ -1,7 +1,7 @@
 """policystore.rllib on real RLlib PPO (2 EnvRunners, two-agent CartPole): one Algorithm for the whole module.
 
 The tests run in file order and grow one league: freeze, train, broadcast, kill an EnvRunner, remove, learn,
-checkpoint and restore.
+checkpoint and restore (beside it and into it, while it runs), and a league the EnvRunners cannot play.
 """
 
 from __future__ import annotations
@@ -20,7 +20,15 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec  # noqa: E402
 
 import policystore  # noqa: E402
 from examples.rllib_cartpole_league import opponent_mapping, ppo_config  # noqa: E402
-from policystore.rllib import NotFrozenError, add_frozen, frozen_modules, remove_frozen  # noqa: E402
+from policystore.rllib import (  # noqa: E402
+    LeagueError,
+    NotFrozenError,
+    add_frozen,
+    frozen_modules,
+    league_name,
+    remove_frozen,
+    set_matchmaking,
+)
 
 pytestmark = pytest.mark.rllib
 
@@ -71,6 +79,22 @@ def all_runners(algorithm, func):
     return algorithm.env_runner_group.foreach_env_runner(func, local_env_runner=True)
 
 
+def kill_env_runner(algorithm, index: int = 1):
+    """SIGKILL remote EnvRunner ``index``; returns its actor once Ray has restarted it (before RLlib notices)."""
+    actor = algorithm.env_runner_group._worker_manager._actors[index]
+    old_pid = ray.get(actor.apply.remote(lambda runner: os.getpid()))
+    ray.kill(actor, no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if ray.get(actor.apply.remote(lambda runner: os.getpid()), timeout=10) != old_pid:
+                return actor
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        assert time.monotonic() < deadline, "Ray did not restart the EnvRunner"
+        time.sleep(0.5)
+
+
 def test_frozen_modules_are_store_views_and_stay_off_the_learners(algo):
     freeze(algo, "main_v1", "main_v2")
     league = {mid: (tuple(sid), True) for mid, sid in frozen_modules(algo).items()}
@@ -115,20 +139,7 @@ def test_killed_env_runner_comes_back_with_frozen_modules_and_matchmaking(algo):
     freeze(algo, "main_v1", "main_v2")
     league = {mid: (tuple(sid), True) for mid, sid in frozen_modules(algo).items()}
     before = stored_bytes(algo)
-    actor = algo.env_runner_group._worker_manager._actors[1]
-    old_pid = ray.get(actor.apply.remote(lambda runner: os.getpid()))
-    ray.kill(actor, no_restart=False)
-
-    deadline = time.monotonic() + 60
-    while True:  # Ray restarts it from its original config; RLlib has not touched it yet
-        try:
-            pid = ray.get(actor.apply.remote(lambda runner: os.getpid()), timeout=10)
-            if pid != old_pid:
-                break
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-        assert time.monotonic() < deadline, "Ray did not restart the EnvRunner"
-        time.sleep(0.5)
+    actor = kill_env_runner(algo)  # Ray restarts it from its original config; RLlib has not touched it yet
     assert ray.get(actor.apply.remote(held_views)) == league
     # The original config maps agent 1 to main_v0; the league's current matchmaking maps it to main_v2.
     assert ray.get(actor.apply.remote(lambda runner: runner.config.policy_mapping_fn(1, None))) == "main_v2"
@@ -187,3 +198,101 @@ def test_checkpoint_restore_keeps_frozen_snapshots_bitwise(algo, tmp_path):
         assert stored_bytes(restored) == saved
     finally:
         restored.stop()
+
+
+def refreeze(algorithm) -> None:
+    """Fresh snapshots of main_v2 and main_v3 (an earlier test deleted theirs from the store), main_v3 played."""
+    for module_id in ("main_v2", "main_v3"):
+        add_frozen(algorithm, module_id, "main", new_agent_to_module_mapping_fn=opponent_mapping("main_v3"),
+                   new_should_module_be_updated=["main"])
+
+
+def agent_1_plays(runner) -> str:
+    return runner.config.policy_mapping_fn(1, None)
+
+
+def trainable(algorithm) -> list[bool]:
+    """Whether the Learner updates main and main_v0."""
+    found = algorithm.learner_group.foreach_learner(
+        lambda learner: [learner.should_module_be_updated(m) for m in ("main", "main_v0")]
+    )
+    return [r.get() for r in found][0]
+
+
+def train_healthy(algorithm) -> dict:
+    """A train() that every remote EnvRunner took part in (after a failure Ray first restarts the dead ones)."""
+    deadline = time.monotonic() + 180
+    while True:
+        healthy_before = algorithm.env_runner_group.num_healthy_remote_workers() == 2
+        result = algorithm.train()
+        if healthy_before and algorithm.env_runner_group.num_healthy_remote_workers() == 2:
+            return result
+        assert time.monotonic() < deadline, "EnvRunners did not come back healthy"
+
+
+@pytest.mark.parametrize("how", ["restore_from_path", "restore"])
+def test_restore_into_the_live_algorithm_brings_back_the_checkpoints_league(algo, tmp_path, how):
+    refreeze(algo)
+    saved = stored_bytes(algo)
+    path = algo.save_to_path(tmp_path / "ckpt")
+    # The league moves on: a new copy, agent 1's opponent leaves, main_v0 trains too.
+    add_frozen(algo, "main_v4", "main", new_agent_to_module_mapping_fn=opponent_mapping("main_v4"),
+               new_should_module_be_updated=["main", "main_v0"])
+    remove_frozen(algo, "main_v3", new_agent_to_module_mapping_fn=opponent_mapping("main_v4"))
+    assert trainable(algo) == [True, True]
+
+    getattr(algo, how)(path)
+    assert set(frozen_modules(algo)) == {"main_v2", "main_v3"}
+    assert stored_bytes(algo) == saved
+    assert all_runners(algo, held_bytes) == [saved] * 3
+    assert all_runners(algo, agent_1_plays) == ["main_v3"] * 3  # the checkpoint's matchmaking
+    assert algo.config.policy_mapping_fn(1, None) == "main_v3"  # what the next checkpoint's config carries
+    assert trainable(algo) == [True, False]  # the checkpoint's policies_to_train
+    result = train_healthy(algo)
+    sampled = result["env_runners"]["num_module_steps_sampled"]
+    assert sampled.get("main_v3", 0) > 0 and "main_v4" not in sampled
+    assert all_runners(algo, held_bytes) == [saved] * 3
+
+
+def test_an_algorithm_restored_beside_the_live_one_gets_a_league_of_its_own(algo, tmp_path):
+    refreeze(algo)
+    saved, live = stored_bytes(algo), dict(frozen_modules(algo))
+    path = algo.save_to_path(tmp_path / "ckpt")
+
+    restored = Algorithm.from_checkpoint(path)
+    try:
+        assert league_name(restored) != league_name(algo)
+        assert all(sid.policy_id.startswith(f"{league_name(restored)}.") for sid in frozen_modules(restored).values())
+        assert stored_bytes(restored) == saved
+        assert all_runners(restored, held_bytes) == [saved] * 3
+        assert all_runners(restored, agent_1_plays) == ["main_v3"] * 3
+        # Each league moves on alone.
+        add_frozen(restored, "main_v8", "main", new_agent_to_module_mapping_fn=opponent_mapping("main_v8"))
+        assert frozen_modules(algo) == live and all_runners(algo, agent_1_plays) == ["main_v3"] * 3
+        assert "main_v8" in train_healthy(restored)["env_runners"]["num_module_steps_sampled"]
+        assert "main_v8" not in train_healthy(algo)["env_runners"]["num_module_steps_sampled"]
+        assert all_runners(algo, held_bytes) == [saved] * 3
+    finally:
+        restored.stop()
+
+
+def test_a_mapping_to_a_module_the_env_runners_lack_raises_in_train(algo):
+    set_matchmaking(algo, opponent_mapping("main_v7"))  # no such module
+    with pytest.raises(LeagueError) as error:
+        for _ in range(3):
+            algo.train()
+    assert "'main_v7'" in str(error.value) and repr(league_name(algo)) in str(error.value)
+
+    set_matchmaking(algo, opponent_mapping("main_v3"))
+    assert train_healthy(algo)["env_runners"]["num_module_steps_sampled"].get("main_v3", 0) > 0
+
+
+def test_a_frozen_module_whose_snapshot_is_gone_raises_in_train(algo):
+    sid = add_frozen(algo, "main_v5", "main", new_agent_to_module_mapping_fn=opponent_mapping("main_v5"))
+    policystore.connect().delete(sid.policy_id, version=sid.version)
+    kill_env_runner(algo)  # comes back without main_v5: the store no longer has it
+    with pytest.raises(LeagueError) as error:
+        for _ in range(4):
+            algo.train()
+    message = str(error.value)
+    assert "'main_v5'" in message and repr(league_name(algo)) in message and "could not be attached" in message

@@ -30,7 +30,8 @@ def rows(tmp_path_factory):
     proc = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {(r["mode"], r["what"]): r for r in map(json.loads, proc.stdout.splitlines())}
+    found = [json.loads(line) for line in proc.stdout.splitlines()]
+    return {(r["mode"], r["what"], r.get("process")): r for r in found} | {(r["mode"], r["what"]): r for r in found}
 
 
 def test_env_runners_keep_no_private_copy_with_the_store(rows):
@@ -53,3 +54,14 @@ def test_the_node_holds_about_one_copy_with_the_store(rows):
 def test_store_and_catalog_actors_are_reported(rows):
     for what in ("store_actor", "catalog_actor"):
         assert rows["rllib+store", what]["pss_mib"] > 0, rows
+
+
+def test_the_growth_is_split_by_process(rows):
+    def processes(mode: str) -> set[str]:
+        return {key[2] for key in rows if len(key) == 3 and key[:2] == (mode, "process")}
+
+    assert processes("rllib") == {"driver", "env_runner_1", "env_runner_2", "rest"}
+    assert processes("rllib+store") == processes("rllib") | {"store_actor", "catalog_actor"}
+    # Stock RLlib's copies sit in the EnvRunners (each about one per frozen module); the store's do not.
+    stock, store = rows["rllib", "process", "env_runner_1"], rows["rllib+store", "process", "env_runner_1"]
+    assert store["uss_mib"] < stock["uss_mib"], rows

@@ -13,12 +13,14 @@ See docs/rllib.md for what is guaranteed and the known limits.
 from .callback import PolicyStoreCallback
 from .connectors import DropModulesNotOnLearner
 from .env_runner import SharedEnvRunner, SharedModulesMixin
-from .league import NotFrozenError, add_frozen, frozen_modules, remove_frozen, set_matchmaking
+from .league import NotFrozenError, add_frozen, frozen_modules, league_name, remove_frozen, set_matchmaking
+from .registry import LeagueError
 from .settings import NotSetUpError
 from .setup import with_policystore
 
 __all__ = [
     "DropModulesNotOnLearner",
+    "LeagueError",
     "NotFrozenError",
     "NotSetUpError",
     "PolicyStoreCallback",
@@ -26,6 +28,7 @@ __all__ = [
     "SharedModulesMixin",
     "add_frozen",
     "frozen_modules",
+    "league_name",
     "remove_frozen",
     "set_matchmaking",
     "with_policystore",

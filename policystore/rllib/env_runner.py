@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -25,7 +26,7 @@ from ..errors import CorruptSnapshotError, UnknownPolicyError
 from ..ids import SnapshotId
 from ..views import fast_reads
 from . import checkpoint, registry
-from .registry import FrozenEntry, LeagueFollower, LeagueState
+from .registry import FrozenEntry, LeagueError, LeagueFollower, LeagueState
 from .settings import LeagueSettings, NotSetUpError, find_settings
 
 logger = logging.getLogger(__name__)
@@ -38,26 +39,40 @@ class SharedModulesMixin:
     restarts a dead EnvRunner) and at the top of every ``sample()``; they are never written by RLlib's syncs.
     """
 
+    _owner: Callable[[], Any] | None = None  # the local EnvRunner's Algorithm (a weakref), set by the callback
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._policystore_log_dir = kwargs.get("log_dir")  # names an automatic league (settings.py)
+        super().__init__(*args, **kwargs)
+
     def make_module(self) -> None:
         super().make_module()
         self._frozen: dict[str, SnapshotId] = {}
+        self._unattached: dict[str, str] = {}
         self._league_state = LeagueState()
         self._league = LeagueFollower(self._policystore_settings().league)
+        self._set_mapping_fn(self.config.policy_mapping_fn)
         self.sync_league()
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
         self.sync_league()
-        return super().sample(*args, **kwargs)
+        try:
+            return super().sample(*args, **kwargs)
+        except LeagueError as exc:
+            if self.worker_index:  # remote: RLlib would swallow it; the driver raises it from train()
+                registry.report_error(self._league.league, str(exc))
+            raise
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """RLlib's set_state minus the frozen modules; then catch up with the league.
+        """Catch up with the league, then RLlib's set_state minus the frozen modules.
 
         RLlib calls this on every weight sync, restore and recovery, so the league (e.g. one a checkpoint
         restore just replaced) reaches every EnvRunner as soon as RLlib pushes anything, not only at the next
-        sample.
+        sample. Modules frozen before or after the catch-up are both left out of the load.
         """
-        super().set_state(self._without_frozen(state))
+        before = set(self._frozen)
         self.sync_league()
+        super().set_state(self._without_frozen(state, before | set(self._frozen)))
 
     def sync_league(self) -> bool:
         """Attach/detach frozen modules, take the matchmaking from the league; True if it changed."""
@@ -72,27 +87,43 @@ class SharedModulesMixin:
         """Frozen module ids on this EnvRunner and the snapshots they view."""
         return dict(self._frozen)
 
+    def set_owner(self, algorithm: Any) -> None:
+        """The Algorithm of this (local) EnvRunner: a restore also puts the checkpoint's matchmaking into its
+        config and Learners, which no EnvRunner call of RLlib's reaches."""
+        self._owner = weakref.ref(algorithm)
+
     def save_to_path(self, path: Any = None, **kwargs: Any) -> str:
-        """RLlib's checkpoint (which leaves frozen modules out) plus the frozen snapshots and their specs."""
+        """RLlib's checkpoint (which leaves frozen modules out) plus the frozen snapshots, their specs and the
+        matchmaking that names them."""
+        self.sync_league()
         path = super().save_to_path(path, **kwargs)
         frozen = {mid: self._league_entry(mid) for mid in self._frozen}
-        checkpoint.save(path, frozen, self._policystore_settings().store(), kwargs.get("filesystem"))
+        matchmaking = checkpoint.Matchmaking(_unchecked(self.config.policy_mapping_fn), self.config.policies_to_train)
+        checkpoint.save(path, frozen, matchmaking, self._policystore_settings().store(), kwargs.get("filesystem"))
         return path
 
     def restore_from_path(self, path: Any, **kwargs: Any) -> None:
-        """Restore RLlib's state, then re-publish the checkpoint's frozen snapshots as the league."""
+        """Restore RLlib's state, then make the checkpoint's frozen snapshots and matchmaking the league's."""
         super().restore_from_path(path, **kwargs)
         settings = self._policystore_settings()
-        frozen = checkpoint.load(path, settings, kwargs.get("filesystem"))
-        if frozen is None:  # a checkpoint written without the store: keep the league as it is
+        restored = checkpoint.load(path, settings, kwargs.get("filesystem"))
+        if restored is None:  # a checkpoint written without the store: keep the league as it is
             return
-        registry.replace(settings.league, frozen, self.config.policy_mapping_fn, self.config.policies_to_train)
+        matchmaking = restored.matchmaking or checkpoint.Matchmaking(
+            _unchecked(self.config.policy_mapping_fn), self.config.policies_to_train
+        )
+        registry.replace(settings.league, restored.frozen, matchmaking.mapping_fn, matchmaking.policies_to_train)
+        owner = self._owner() if self._owner is not None else None
+        if owner is not None:
+            update_algorithm_config(owner, matchmaking.mapping_fn, matchmaking.policies_to_train)
         self.sync_league()
 
     # -- internals -------------------------------------------------------------------------------------------
 
     def _policystore_settings(self) -> LeagueSettings:
-        return find_settings(self._callbacks, type(self).__name__)
+        settings = find_settings(self._callbacks, type(self).__name__)
+        settings.bind(self._policystore_log_dir)
+        return settings
 
     def _league_entry(self, module_id: str) -> FrozenEntry:
         return self._league_state.frozen[module_id]
@@ -105,21 +136,41 @@ class SharedModulesMixin:
             self.module.remove_module(module_id, raise_err_if_not_found=False)
             del self._frozen[module_id]
             self._needs_initial_reset = True  # as RLlib's remove_module: no episode may keep a removed module
+        self._unattached = {}
         for module_id, entry in state.frozen.items():
             if self._frozen.get(module_id) != entry.snapshot:
                 try:
                     module = self._build_frozen(entry)
                 except UnknownPolicyError as exc:  # e.g. deleted while a restore re-publishes it
                     logger.warning("frozen module %r not attached yet: %s", module_id, exc)
+                    self._unattached[module_id] = f"its snapshot {entry.snapshot} could not be attached: {exc}"
                     complete = False
                     continue
                 self.module.add_module(module_id, module, override=True)
                 self._frozen[module_id] = entry.snapshot
         if state.mapping_fn is not None:
-            self.config.multi_agent(policy_mapping_fn=state.mapping_fn)
+            self._set_mapping_fn(state.mapping_fn)
         if state.policies_to_train is not None:
             self.config.multi_agent(policies_to_train=state.policies_to_train)
         return complete
+
+    def _set_mapping_fn(self, mapping_fn: Callable[..., str]) -> None:
+        self.config.multi_agent(policy_mapping_fn=_CheckedMapping(_unchecked(mapping_fn), weakref.ref(self)))
+
+    def _unplayable(self, agent_id: Any, module_id: Any) -> LeagueError:
+        """The error for a mapping to a module this EnvRunner does not hold: which module, which league, why."""
+        league = self._league.league
+        if module_id in self._unattached:
+            why = f"a frozen module of the league, but {self._unattached[module_id]}"
+        elif module_id in self._league_state.frozen:
+            why = "a frozen module of the league that this EnvRunner has not attached"
+        else:
+            why = "neither a frozen module of the league nor one of RLlib's modules here (the mapping function "
+            why += "names a module the league does not have, e.g. one a restore or remove_frozen took out)"
+        return LeagueError(
+            f"league {league!r}: EnvRunner {self.worker_index} cannot play agent {agent_id!r}: the mapping function "
+            f"maps it to module {module_id!r}, {why}; modules here: {sorted(self.module.keys())}"
+        )
 
     def _build_frozen(self, entry: FrozenEntry) -> torch.nn.Module:
         store = self._policystore_settings().store()
@@ -135,17 +186,43 @@ class SharedModulesMixin:
         module.eval()
         return module
 
-    def _without_frozen(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
+    @staticmethod
+    def _without_frozen(state: Mapping[str, Any], frozen: set[str]) -> Mapping[str, Any]:
         modules = state.get(COMPONENT_RL_MODULE) if isinstance(state, Mapping) else None
-        if modules is None or not self._frozen:
+        if modules is None or not frozen:
             return state
         if isinstance(modules, ray.ObjectRef):
             modules = ray.get(modules)
-        dropped = [mid for mid in modules if mid in self._frozen]
+        dropped = [mid for mid in modules if mid in frozen]
         if dropped:
             logger.debug("not loading broadcast state into frozen (store-backed) modules %s", dropped)
-        kept = {mid: s for mid, s in modules.items() if mid not in self._frozen}
+        kept = {mid: s for mid, s in modules.items() if mid not in frozen}
         return {**state, COMPONENT_RL_MODULE: kept}
+
+
+class _CheckedMapping:
+    """An EnvRunner's mapping function: the league's (or the config's), plus a check that the EnvRunner holds the
+    module it names. Without it, an agent mapped to a module that is not there fails deep in RLlib's connectors
+    (``KeyError: 'actions'``), every sample, on every restart. Pickles as the plain function (checkpoints,
+    episodes sent to the driver)."""
+
+    def __init__(self, mapping_fn: Callable[..., str], runner: Callable[[], Any]) -> None:
+        self.mapping_fn, self._runner = mapping_fn, runner
+
+    def __call__(self, agent_id: Any, episode: Any, **kwargs: Any) -> str:
+        module_id = self.mapping_fn(agent_id, episode, **kwargs)
+        runner = self._runner()
+        if runner is not None and module_id not in runner.module:
+            raise runner._unplayable(agent_id, module_id)
+        return module_id
+
+    def __reduce__(self) -> tuple:
+        return _unchecked, (self.mapping_fn,)
+
+
+def _unchecked(mapping_fn: Any) -> Any:
+    """The plain mapping function inside a _CheckedMapping (itself otherwise)."""
+    return mapping_fn.mapping_fn if isinstance(mapping_fn, _CheckedMapping) else mapping_fn
 
 
 class SharedEnvRunner(SharedModulesMixin, MultiAgentEnvRunner):
@@ -204,3 +281,18 @@ def sync_all(algorithm: Any) -> None:
     for group in (algorithm.env_runner_group, algorithm.eval_env_runner_group):
         if group is not None:
             group.foreach_env_runner(lambda runner: runner.sync_league(), local_env_runner=True)
+
+
+def update_algorithm_config(algorithm: Any, mapping_fn: Any, should_update: Any) -> None:
+    """Keep algorithm.config (RLlib checkpoints it) and the Learners' trainable set in line, as add_module."""
+    if mapping_fn is None and should_update is None:
+        return
+    algorithm.config._is_frozen = False
+    if mapping_fn is not None:
+        algorithm.config.multi_agent(policy_mapping_fn=mapping_fn)
+    if should_update is not None:
+        algorithm.config.multi_agent(policies_to_train=should_update)
+        algorithm.learner_group.foreach_learner(
+            lambda learner: learner.config.multi_agent(policies_to_train=should_update)
+        )
+    algorithm.config.freeze()

@@ -15,7 +15,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ..errors import PolicyStoreError
 from ..ids import SnapshotId
 from . import registry
-from .env_runner import sync_all
+from .env_runner import sync_all, update_algorithm_config
 from .registry import FrozenEntry
 from .settings import LeagueSettings, find_settings
 
@@ -68,7 +68,7 @@ def add_frozen(
         mapping_fn=new_agent_to_module_mapping_fn,
         policies_to_train=new_should_module_be_updated,
     )
-    _update_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
+    update_algorithm_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
     sync_all(algorithm)
     return snapshot
 
@@ -101,7 +101,7 @@ def remove_frozen(
         algorithm.learner_group.remove_module(
             module_id, new_should_module_be_updated=new_should_module_be_updated
         )
-    _update_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
+    update_algorithm_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
     sync_all(algorithm)
     if delete_snapshot:
         settings.store().delete(entry.snapshot.policy_id, version=entry.snapshot.version)
@@ -123,13 +123,18 @@ def set_matchmaking(
         mapping_fn=new_agent_to_module_mapping_fn,
         policies_to_train=new_should_module_be_updated,
     )
-    _update_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
+    update_algorithm_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
     sync_all(algorithm)
 
 
 def frozen_modules(algorithm: Any) -> dict[str, SnapshotId]:
     """The league's frozen module ids and the snapshots they are views of."""
     return {mid: e.snapshot for mid, e in registry.read(settings_of(algorithm).league).frozen.items()}
+
+
+def league_name(algorithm: Any) -> str:
+    """The league of this Algorithm: ``with_policystore``'s ``league``, or the Algorithm's own automatic one."""
+    return settings_of(algorithm).league
 
 
 def settings_of(algorithm: Any) -> LeagueSettings:
@@ -171,18 +176,3 @@ def _add_to_learners(
     )
     module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][from_module_id]
     algorithm.learner_group.set_state({COMPONENT_LEARNER: {COMPONENT_RL_MODULE: {module_id: module_state}}})
-
-
-def _update_config(algorithm: Any, mapping_fn: Any, should_update: Any) -> None:
-    """Keep algorithm.config (RLlib checkpoints it) and the Learners' trainable set in line, as add_module."""
-    if mapping_fn is None and should_update is None:
-        return
-    algorithm.config._is_frozen = False
-    if mapping_fn is not None:
-        algorithm.config.multi_agent(policy_mapping_fn=mapping_fn)
-    if should_update is not None:
-        algorithm.config.multi_agent(policies_to_train=should_update)
-        algorithm.learner_group.foreach_learner(
-            lambda learner: learner.config.multi_agent(policies_to_train=should_update)
-        )
-    algorithm.config.freeze()

@@ -5,7 +5,8 @@ Ray restarts a dead EnvRunner from its original config and RLlib does not tell a
 when it builds its modules, on every ``set_state`` and at the top of every ``sample()``. It lives in the GCS
 key-value store of the Ray cluster, not in an actor: an actor would be one more Python process importing RLlib
 (about 260 MiB of PSS measured here), more than a whole league of small snapshots. Only ids, specs and the
-mapping function are kept here; the weights live in the node stores. The driver is the only writer.
+mapping function are kept here; the weights live in the node stores. The driver is the only writer of the league
+state; an EnvRunner only leaves the LeagueError it raised, for the driver to raise from ``train()``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,18 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ray import cloudpickle
-from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get, _internal_kv_put
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+from ..errors import PolicyStoreError
 from ..ids import SnapshotId
 
 _NAMESPACE = "policystore"
+
+
+class LeagueError(PolicyStoreError):
+    """An EnvRunner cannot play its league: an agent is mapped to a module it does not hold (a module the league
+    no longer has, or a frozen module whose snapshot could not be attached)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +89,24 @@ def update(
             policies_to_train=policies_to_train if policies_to_train is not None else old.policies_to_train,
         ),
     )
+
+
+def report_error(league: str, message: str) -> None:
+    """Leave an EnvRunner's LeagueError for the driver: RLlib's fault tolerance swallows errors raised in
+    ``sample()`` on remote EnvRunners (and restarts them, to fail again), so the driver raises it from there."""
+    _internal_kv_put(_error_key(league), message.encode(), overwrite=True, namespace=_NAMESPACE)
+
+
+def take_error(league: str) -> str | None:
+    """The league's reported error, if any, now cleared (so a fixed league does not raise it again)."""
+    raw = _internal_kv_get(_error_key(league), namespace=_NAMESPACE)
+    if raw is not None:
+        _internal_kv_del(_error_key(league), namespace=_NAMESPACE)
+    return None if raw is None else raw.decode()
+
+
+def _error_key(league: str) -> bytes:
+    return f"rllib.league.{league}.error".encode()
 
 
 def replace(league: str, frozen: Mapping[str, FrozenEntry], mapping_fn: Any, policies_to_train: Any) -> LeagueState:

@@ -3,10 +3,17 @@
 RLlib builds the callbacks from the config in every process (driver, each EnvRunner, restarted ones too), so the
 settings ride on a callback instance. This module sits below the EnvRunner and the callback, so neither has to
 import the other to find them.
+
+The league name: one given to ``with_policystore(config, league=...)`` is fixed (it travels in the config, so in
+checkpoints too): every Algorithm built or restored from that config shares the league, on purpose. Without one,
+each Algorithm gets a league of its own, named after its log directory: RLlib makes a fresh one for every
+Algorithm (``Algorithm.from_checkpoint`` included) and Tune one per trial, and it hands it to every EnvRunner it
+builds, restarted ones too, so all processes of one Algorithm agree on the name and no other Algorithm shares it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,21 +23,40 @@ import policystore
 
 from ..errors import PolicyStoreError
 
-DEFAULT_LEAGUE = "default"
-
 
 class NotSetUpError(PolicyStoreError, TypeError):
     """An Algorithm, config or EnvRunner is missing a piece of the adapter (build configs with with_policystore)."""
 
 
+def league_for_log_dir(log_dir: str) -> str:
+    """The automatic league name of the Algorithm whose log directory is ``log_dir``."""
+    return f"league-{hashlib.blake2b(str(log_dir).encode(), digest_size=6).hexdigest()}"
+
+
 class LeagueSettings:
     """The league name and store settings of one Algorithm, and this process's store client."""
 
-    def __init__(self, league: str = DEFAULT_LEAGUE, store_config: Any = None) -> None:
-        self.league = league
+    def __init__(self, league: str | None = None, store_config: Any = None) -> None:
+        self.explicit_league = league is not None
+        self._league = league
         self.store_config = store_config
         self._store = None
         self._session = None
+
+    @property
+    def league(self) -> str:
+        if self._league is None:
+            raise NotSetUpError(
+                "this process has not been told which Algorithm it belongs to yet, so its automatic league name is "
+                "unknown; build EnvRunners through an Algorithm, or name the league: with_policystore(config, "
+                "league=...)"
+            )
+        return self._league
+
+    def bind(self, log_dir: str | None) -> None:
+        """Name an automatic league after the owning Algorithm's log directory (a fixed name stays as it is)."""
+        if not self.explicit_league and log_dir is not None:
+            self._league = league_for_log_dir(log_dir)
 
     def store(self) -> Any:
         """This node's PolicyStore client, connected once per Ray session (a new ``ray.init()`` reconnects)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import uuid
 from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
@@ -18,11 +17,13 @@ def with_policystore(config: Any, *, league: str | None = None, store_config: An
     """Return ``config`` set up for store-backed frozen modules (RLlib is otherwise unchanged).
 
     Sets ``env_runner_cls`` to SharedEnvRunner (a custom EnvRunner must already mix in SharedModulesMixin) and
-    adds a PolicyStoreCallback that names the league. Without ``league`` a fresh unique name is used, so two
-    Algorithms never share frozen modules by accident; pass the same name to share one league on purpose.
+    adds a PolicyStoreCallback that names the league. Without ``league`` every Algorithm built or restored from
+    the config gets a league of its own (named after its log directory, see settings.py), so two Algorithms
+    never share frozen modules by accident; a ``league`` name is fixed and travels in checkpoints: every
+    Algorithm built or restored from this config shares that league, on purpose.
     """
-    league = league or f"league-{uuid.uuid4().hex[:12]}"
-    check_policy_id(f"{league}.x")  # frozen snapshots are published as "<league>.<module_id>"
+    if league is not None:
+        check_policy_id(f"{league}.x")  # frozen snapshots are published as "<league>.<module_id>"
     if config.env_runner_cls is None:
         config.env_runners(env_runner_cls=SharedEnvRunner)
     check_env_runner_cls(config.env_runner_cls)
