@@ -3,7 +3,7 @@
 On a ray.cluster_utils.Cluster of --nodes nodes (one machine, each node with its own raylet and object store),
 for --minutes: learners on the head node publish a new version every --publish-ms (every --durable-every-th one
 durable, the rest non-durable) and delete old non-durable ones (and about one in --race-every non-durable ones at
-once, racing its background spill and upload); --readers reader threads on every node (spread over
+once, after a newer one, racing its background spill and upload); --readers reader threads on every node (spread over
 --procs reader processes per node, fractional CPUs) get the latest or a listed version, recompute a CRC-32C of the
 tensors they read and check it against the digest the learner recorded in the snapshot's meta and in the ledger,
 and now and then call verify(). An injector (seeded by --seed) SIGKILLs a node's store, the catalog, a reader
@@ -135,24 +135,33 @@ class Learner:
         self.store.delete(self.pid, version)
         self.monitor.deleted_done.remote(self.pid, version, racing)
 
-    def run(self, until: float, period_s: float, durable_every: int, race_every: int) -> int:
+    def _publish(self, durable: bool) -> int:
+        """Publish random weights; record the acknowledgement; returns the version."""
         import torch
 
+        weights = {"w": torch.randn(self.numel // 2), "b": torch.randn(self.numel // 2)}
+        sha = digest(weights)
+        self._state("publishing")
+        sid = self.store.publish(self.pid, weights, meta={"digest": sha}, durable=durable)
+        self._state("idle")
+        self.monitor.ack.remote(self.index, sid.policy_id, sid.version, sha, durable, time.time())
+        return sid.version
+
+    def run(self, until: float, period_s: float, durable_every: int, race_every: int) -> int:
         rng = random.Random(time.time_ns() ^ os.getpid())
         count = 0
         while time.time() < until:
-            weights = {"w": torch.randn(self.numel // 2), "b": torch.randn(self.numel // 2)}
-            sha = digest(weights)
             durable = rng.randrange(durable_every) == 0
-            self._state("publishing")
-            sid = self.store.publish(self.pid, weights, meta={"digest": sha}, durable=durable)
-            self._state("idle")
-            self.monitor.ack.remote(self.index, sid.policy_id, sid.version, sha, durable, time.time())
+            version = self._publish(durable)
             count += 1
             if not durable and rng.randrange(race_every) == 0:
-                self._delete(sid.version, racing=True)  # while its spill and upload are still queued
+                # a newer version at once (so the latest never goes back), then the delete, while the first one's
+                # background spill and upload are still queued
+                self.nondurable.append(self._publish(False))
+                count += 1
+                self._delete(version, racing=True)
             elif not durable:
-                self.nondurable.append(sid.version)
+                self.nondurable.append(version)
             while len(self.nondurable) > KEEP_NONDURABLE:
                 self._delete(self.nondurable.pop(0), racing=False)
             time.sleep(period_s)
@@ -431,12 +440,19 @@ class Chaos:
                 outcome[(pid, version)] = type(exc).__name__
         return outcome
 
-    def resurrected(self, confirmed: set) -> int:
-        """Deleted snapshots the durable tier still has committed: what a fresh catalog on it would list."""
+    def resurrected(self, confirmed: set, settle_s: float = 60.0) -> int:
+        """Deleted snapshots the durable tier still has committed: what a fresh catalog on it would list. A delete
+        during a durable fault near the end may still have its tombstone queued for retry: wait up to
+        ``settle_s`` for the count to reach 0."""
         from policystore.durable import DurableTier
 
-        return len({tuple(sid) for sid in DurableTier.open(self.s3.uri("chaos", direct=True)).committed_ids()}
-                   & confirmed)
+        tier = DurableTier.open(self.s3.uri("chaos", direct=True))
+        deadline = time.time() + settle_s
+        while True:
+            count = len({tuple(sid) for sid in tier.committed_ids()} & confirmed)
+            if not count or time.time() > deadline:
+                return count
+            time.sleep(1.0)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
