@@ -3,12 +3,14 @@
 On a ray.cluster_utils.Cluster of --nodes nodes (one machine, each node with its own raylet and object store),
 for --minutes: learners on the head node publish a new version every --publish-ms (every --durable-every-th one
 durable, the rest non-durable) and delete old non-durable ones (and about one in --race-every non-durable ones at
-once, racing its background spill and upload); --readers reader threads on every node (spread over
+once, after a newer one, racing its background spill and upload); --readers reader threads on every node (spread over
 --procs reader processes per node, fractional CPUs) get the latest or a listed version, recompute a CRC-32C of the
 tensors they read and check it against the digest the learner recorded in the snapshot's meta and in the ledger,
 and now and then call verify(). An injector (seeded by --seed) SIGKILLs a node's store, the catalog, a reader
-process or a learner in the middle of a publish, removes a worker node and adds it back, and deletes the catalog's
-database (or writes garbage over it and its WAL) while the stores run, then SIGKILLs the catalog.
+process or a learner in the middle of a publish, removes a worker node and adds it back, deletes the catalog's
+database (or writes garbage over it and its WAL) while the stores run, then SIGKILLs the catalog, and takes the
+durable tier (a real S3-compatible server, moto on loopback, behind a switchable proxy: ``s3gate.py``) down,
+hanging or answering every request with an error for 2 to 6 s.
 
 Rows: one per fault kind (how many were injected, recovery time p50/p99/max in seconds) and one summary row:
   durable_lost       acknowledged durable snapshots that cannot be read back afterwards (must be 0)
@@ -25,7 +27,8 @@ Rows: one per fault kind (how many were injected, recovery time p50/p99/max in s
 Recovery: store kill -> first read of a new version on that node; catalog kill -> first acknowledged publish and
 first new-version read after it (the same for the catalog's database lost); reader kill -> that reader's next
 successful read; learner kill -> its next acknowledged publish; node cycle -> first new-version read on the node
-after it is added back.
+after it is added back; durable tier down, hanging or failing -> the first acknowledged durable publish after
+it answers again.
 """
 
 from __future__ import annotations
@@ -50,10 +53,13 @@ import ray
 
 from . import harness
 from .harness import MiB
+from .s3gate import S3Gate
 
 log = logging.getLogger("benchmarks.chaos")
 
-FAULTS = ("store_kill", "catalog_kill", "reader_kill", "learner_kill", "node_cycle", "catalog_db_loss")
+FAULTS = ("store_kill", "catalog_kill", "reader_kill", "learner_kill", "node_cycle", "catalog_db_loss",
+          "durable_down", "durable_hang", "durable_errors")
+DURABLE_FAULTS = {"durable_down": "down", "durable_hang": "hang", "durable_errors": "errors"}
 HEAD = "chaos_node_0"
 STALL_S = 1.0  # a gap between successful reads longer than this counts as unavailable time
 THIN_S = 0.1  # readers report at most one success timestamp per this interval
@@ -143,24 +149,33 @@ class Learner:
         self.store.delete(self.pid, version)
         self.monitor.deleted_done.remote(self.pid, version, racing)
 
-    def run(self, until: float, period_s: float, durable_every: int, race_every: int) -> int:
+    def _publish(self, durable: bool) -> int:
+        """Publish random weights; record the acknowledgement; returns the version."""
         import torch
 
+        weights = {"w": torch.randn(self.numel // 2), "b": torch.randn(self.numel // 2)}
+        sha = digest(weights)
+        self._state("publishing")
+        sid = self.store.publish(self.pid, weights, meta={"digest": sha}, durable=durable)
+        self._state("idle")
+        self.monitor.ack.remote(self.index, sid.policy_id, sid.version, sha, durable, time.time())
+        return sid.version
+
+    def run(self, until: float, period_s: float, durable_every: int, race_every: int) -> int:
         rng = random.Random(time.time_ns() ^ os.getpid())
         count = 0
         while time.time() < until:
-            weights = {"w": torch.randn(self.numel // 2), "b": torch.randn(self.numel // 2)}
-            sha = digest(weights)
             durable = rng.randrange(durable_every) == 0
-            self._state("publishing")
-            sid = self.store.publish(self.pid, weights, meta={"digest": sha}, durable=durable)
-            self._state("idle")
-            self.monitor.ack.remote(self.index, sid.policy_id, sid.version, sha, durable, time.time())
+            version = self._publish(durable)
             count += 1
             if not durable and rng.randrange(race_every) == 0:
-                self._delete(sid.version, racing=True)  # while its spill and upload are still queued
+                # a newer version at once (so the latest never goes back), then the delete, while the first one's
+                # background spill and upload are still queued
+                self.nondurable.append(self._publish(False))
+                count += 1
+                self._delete(version, racing=True)
             elif not durable:
-                self.nondurable.append(sid.version)
+                self.nondurable.append(version)
             while len(self.nondurable) > KEEP_NONDURABLE:
                 self._delete(self.nondurable.pop(0), racing=False)
             time.sleep(period_s)
@@ -263,16 +278,16 @@ class Fault:
     t: float
     target: str  # node index, reader process or learner index
     node: int | None = None
-    back_t: float | None = None  # node cycle: when the node was added back
+    back_t: float | None = None  # node cycle: when the node was added back; durable faults: when it answered again
 
 
 class Chaos:
     """The cluster, the actors on it, and the injector."""
 
-    def __init__(self, args: Any, durable_dir: str) -> None:
+    def __init__(self, args: Any, s3: S3Gate) -> None:
         from ray.cluster_utils import Cluster
 
-        self.args, self.rng, self.durable_dir = args, random.Random(args.seed), durable_dir
+        self.args, self.rng, self.s3 = args, random.Random(args.seed), s3
         self.node_args = {"num_cpus": 4, "object_store_memory": args.store_mib * MiB}
         self.cluster = Cluster(initialize_head=True, head_node_args={
             **self.node_args, "resources": {HEAD: 1000}, "include_dashboard": False,
@@ -283,7 +298,7 @@ class Chaos:
         ray.init(address=self.cluster.address, logging_level=logging.WARNING, log_to_driver=False)
         import policystore
 
-        self.store = policystore.connect(policystore.StoreConfig(durable_uri=durable_dir))
+        self.store = policystore.connect(policystore.StoreConfig(durable_uri=s3.uri("chaos")))
         self.monitor = Monitor.remote()
         self.state_dir = Path(tempfile.mkdtemp(prefix="chaos-state-"))
         self.learners = [
@@ -353,6 +368,11 @@ class Chaos:
             self._kill_learner_mid_publish(index)
         elif kind == "node_cycle" and self.args.nodes > 1:
             self._cycle_node(self.rng.randrange(1, self.args.nodes))
+        elif kind in DURABLE_FAULTS:
+            self.s3.set(DURABLE_FAULTS[kind])
+            time.sleep(self.rng.uniform(2, 6))
+            self.s3.set("up")
+            self.faults.append(Fault(kind, now, DURABLE_FAULTS[kind], back_t=time.time()))
         elif kind == "catalog_db_loss":
             self._lose_catalog_db()
 
@@ -451,11 +471,19 @@ class Chaos:
                 outcome[(pid, version)] = type(exc).__name__
         return outcome
 
-    def resurrected(self, confirmed: set) -> int:
-        """Deleted snapshots the durable tier still has committed: what a fresh catalog on it would list."""
+    def resurrected(self, confirmed: set, settle_s: float = 60.0) -> int:
+        """Deleted snapshots the durable tier still has committed: what a fresh catalog on it would list. A delete
+        during a durable fault near the end may still have its tombstone queued for retry: wait up to
+        ``settle_s`` for the count to reach 0."""
         from policystore.durable import DurableTier
 
-        return len({tuple(sid) for sid in DurableTier.open(self.durable_dir).committed_ids()} & confirmed)
+        tier = DurableTier.open(self.s3.uri("chaos", direct=True))
+        deadline = time.time() + settle_s
+        while True:
+            count = len({tuple(sid) for sid in tier.committed_ids()} & confirmed)
+            if not count or time.time() > deadline:
+                return count
+            time.sleep(1.0)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -473,6 +501,7 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, run_s: float) -> 
     acks, slots, fresh = data["acks"], data["slots"], data["fresh"]
     ack_times = {i: sorted(a["t"] for a in acks.values() if a["learner"] == i) for i in range(chaos.args.learners)}
     all_acks = sorted(a["t"] for a in acks.values())
+    durable_acks = sorted(a["t"] for a in acks.values() if a["durable"])
     all_fresh = sorted(t for times in fresh.values() for t in times)
     recovery: dict[str, list[float | None]] = {kind: [] for kind in FAULTS}
     for fault in chaos.faults:
@@ -487,6 +516,8 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, run_s: float) -> 
             value = first_after(times, fault.t)
         elif fault.kind == "learner_kill":
             value = first_after(ack_times[int(fault.target)], fault.t)
+        elif fault.kind in DURABLE_FAULTS:
+            value = first_after(durable_acks, fault.back_t)
         else:
             value = first_after(fresh.get(fault.node, []), fault.back_t)
         recovery[fault.kind].append(value)
@@ -573,11 +604,11 @@ def main() -> None:
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     results = harness.Results("chaos", args, {k: v for k, v in vars(args).items() if k != "out"})
-    durable_dir = tempfile.mkdtemp(prefix="chaos-durable-")
+    s3 = S3Gate()
     chaos = None
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: the cluster goes too
     try:
-        chaos = Chaos(args, durable_dir)
+        chaos = Chaos(args, s3)
         seconds = args.minutes * 60 + args.warmup_s
         started = time.time()
         chaos.run(seconds)
@@ -592,7 +623,7 @@ def main() -> None:
     finally:
         if chaos is not None:
             chaos.close()
-        shutil.rmtree(durable_dir, ignore_errors=True)
+        s3.close()
     notes = [
         f"summary: durable lost {summary['durable_lost']} of {summary['durable_acked']}; non-durable lost "
         f"{summary['nondurable_lost']} of {summary['nondurable_acked']} ({summary['nondurable_unexplained']} "

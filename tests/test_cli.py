@@ -182,6 +182,7 @@ def test_subprocess_ls_and_stats_against_the_cluster(cluster):
     result = run_cli_subprocess("--address", cluster, "stats")
     assert result.returncode == EXIT_OK, result.stderr
     assert "hot_bytes" in result.stdout and "publishes" in result.stdout
+    assert "durable_pending" in result.stdout and "durable_failures" in result.stdout  # the durable backlog
 
 
 def test_verify_export_import_round_trip(capsys, cluster, tmp_path):

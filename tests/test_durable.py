@@ -378,6 +378,9 @@ class _Gate:
                 return
             with self._lock:
                 self._sockets.append(client)
+                if self.mode == "down":  # accepted just as the listener closed
+                    client.close()
+                    continue
                 if self.mode == "hang":
                     self.hung += 1
                     continue  # held open, never read, never answered
@@ -406,6 +409,10 @@ class _Gate:
                 pass
             s.close()
         if mode == "down" and self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (close alone does not)
+            except OSError:
+                pass
             self._listener.close()
             self._listener = None
         elif mode != "down" and self._listener is None:

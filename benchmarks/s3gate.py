@@ -1,0 +1,123 @@
+"""A real S3-compatible server (moto's server mode, on loopback) behind a switchable proxy, for fault injection:
+``up`` forwards, ``down`` refuses connections, ``hang`` accepts connections and never answers, ``errors`` answers
+every request with HTTP 500. The durable tier's faults in the chaos benchmark are these switches."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+MODES = ("up", "down", "hang", "errors")
+_ERROR_REPLY = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class S3Gate:
+    """moto on a free loopback port with one bucket, reached through the proxy at ``port``."""
+
+    def __init__(self, bucket: str = "league"):
+        import pyarrow.fs as pafs
+        from moto.server import ThreadedMotoServer
+
+        for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                            ("AWS_DEFAULT_REGION", "us-east-1")):
+            os.environ.setdefault(name, value)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.server_port = s.getsockname()[1]
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.server_port, verbose=False)
+        self._server.start()
+        self.bucket = bucket
+        pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                          endpoint_override=f"127.0.0.1:{self.server_port}", allow_bucket_creation=True
+                          ).create_dir(bucket)
+        self.mode = "up"
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self._listen()
+
+    def uri(self, prefix: str, *, direct: bool = False) -> str:
+        """The durable_uri of ``prefix`` through the proxy (``direct``: to the server itself). Credentials ride in
+        the URI: Ray workers need not share this process's environment."""
+        port = self.server_port if direct else self.port
+        return (f"s3://testing:testing@{self.bucket}/{prefix}?endpoint_override=127.0.0.1:{port}&scheme=http"
+                "&region=us-east-1")
+
+    def set(self, mode: str) -> None:
+        """Switch the proxy; connections made before the switch are cut, so no client carries on over them."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        with self._lock:
+            self.mode = mode
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        if mode == "down" and self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (close alone does not)
+            except OSError:
+                pass
+            self._listener.close()
+            self._listener = None
+        elif mode != "down" and self._listener is None:
+            self._listen()
+
+    def close(self) -> None:
+        self.set("down")
+        self._server.stop()
+
+    def _listen(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                mode = self.mode
+                self._sockets.append(client)
+            if mode == "down":  # accepted just as the listener closed
+                client.close()
+                continue
+            if mode == "hang":
+                continue  # held open, never read, never answered
+            if mode == "errors":
+                threading.Thread(target=self._refuse, args=(client,), daemon=True).start()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.server_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets.append(upstream)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _refuse(client: socket.socket) -> None:
+        try:
+            if client.recv(1 << 16):
+                client.sendall(_ERROR_REPLY)
+        except OSError:
+            pass
+        finally:
+            client.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(1 << 16):
+            dst.sendall(data)
+    except OSError:
+        pass
