@@ -1,0 +1,309 @@
+"""Cluster model: how a new snapshot spreads over N nodes, and what the catalog carries, calibrated on this machine.
+
+A discrete-event simulation of one learner update reaching every node. Transfers share bandwidth as fluids (every
+running transfer gets ``min(stream, node_out / uploads at its source, node_in / downloads at its destination)``,
+all scaled down together when they would exceed what the whole fabric moves at once); a rate changes only when
+a transfer starts or ends, so the simulation jumps from event to event. Three ways to spread it:
+
+  star   every node fetches from the publishing node (what a single source gives)
+  tree   the store's way: a node fetches from a node that already holds a whole copy, serves fewer than
+         --max-serving copies at that moment and has served fewer than --max-served in all (the least served
+         first); a node that finished becomes a source after
+         --holder-delay-s (how long until others learn it holds the snapshot); each fetch is a lookup at the
+         catalog, a call to the source, the transfer, the checksum and the copy into the node's own object
+  ray    Ray's own broadcast (``ray.get`` of one object on every node): each node pulls from a node that holds a
+         whole copy when it asks (Ray lists a location once the copy there is whole); every node asks at once,
+         so the publisher serves them all, with no call, checksum or own copy
+
+Calibration (``--calibrate``, the default) measures on a local ``ray.cluster_utils.Cluster``, in this run: an actor
+call between nodes, one object transfer between two nodes (one stream), one node sending to three at once (what a
+node sends), three disjoint pairs at once (what the machine moves at once), the checksum and the copy rates, and
+the catalog actor's throughput for small calls. Every node of a local cluster shares this machine's cores and
+memory, so its "fabric" is the machine; the 300-node figures replace the fabric and the node's NIC by the stated
+network and keep the per-call and per-byte costs measured here.
+
+Rows:
+  calibration   the measured costs (seconds per call, bytes/s)
+  prediction    the model's time until every node holds a new snapshot, per mode, nodes and size, with the
+                busiest node's copies served and bytes sent
+  fanout        (``--measure``) benchmarks.scale's fan-out rows, run on a local cluster of --nodes afterwards
+  league        the 300-node league of docs/scaling.md: update time per mode, bytes out of the busiest node,
+                catalog calls/s and the catalog's headroom (its measured throughput / that load), memory per node
+
+    python -m benchmarks.cluster_model --quick
+    python -m benchmarks.cluster_model --nodes 8 --sizes-mib 64,256 --measure
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import logging
+import math
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from . import harness
+from .harness import MiB
+
+log = logging.getLogger("benchmarks.cluster_model")
+MODES = ("star", "tree", "ray")
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What one step costs: seconds per call, bytes per second."""
+
+    call_s: float  # an actor call between two nodes, round trip
+    catalog_call_s: float  # the catalog actor's time per small call (1 / its throughput)
+    stream_bps: float  # one transfer between two nodes
+    node_bps: float  # what one node sends (and receives) at once, all its transfers together
+    fabric_bps: float  # what the whole cluster moves at once (math.inf: a non-blocking switch)
+    checksum_bps: float
+    copy_bps: float  # the fetched bytes into this node's own object
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One snapshot spread to every node: when the last got it, and what the busiest source did."""
+
+    total_s: float
+    node_p50_s: float
+    max_served: int  # copies the busiest source sent
+    max_sent_bytes: float
+    rounds: float  # total_s over the time of one lone transfer: about log2(nodes) for a tree
+
+
+def spread(mode: str, nodes: int, nbytes: float, costs: Costs, *, max_serving: int = 2, max_served: int = 3,
+           holder_delay_s: float = 0.0, seed: int = 0) -> Spread:
+    """Simulate one new snapshot of ``nbytes`` on node 0 reaching nodes 1..nodes-1 (all ask at once)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+    rng = random.Random(seed)
+    store = mode != "ray"
+    before = (costs.catalog_call_s + 2 * costs.call_s) if store else costs.call_s  # lookup + resolve, or the get
+    after = nbytes / costs.checksum_bps + nbytes / costs.copy_bps if store else 0.0
+    cap, budget = (max_serving, max_served) if mode == "tree" else (math.inf, math.inf)
+    holders = {0: 0.0}  # node -> when others may fetch from it
+    serving = {0: 0}
+    served = {0: 0}
+    waiting = list(range(1, nodes))
+    rng.shuffle(waiting)
+    running: dict[int, list[float]] = {}  # destination -> [source, bytes left]
+    done: dict[int, float] = {}
+    timers: list[tuple[float, int, str]] = [(before, -1, "ready")]  # (time, node, what)
+    t = 0.0
+
+    def rates() -> dict[int, float]:
+        up: dict[int, int] = {}
+        for src, _ in running.values():
+            up[int(src)] = up.get(int(src), 0) + 1
+        rate = {dst: min(costs.stream_bps, costs.node_bps / up[int(src)])
+                for dst, (src, _) in running.items()}
+        total = sum(rate.values())
+        if total > costs.fabric_bps:
+            rate = {dst: r * costs.fabric_bps / total for dst, r in rate.items()}
+        return rate
+
+    def start_fetches() -> None:
+        for dst in list(waiting):
+            sources = [n for n, at in holders.items() if at <= t and serving[n] < cap and served[n] < budget]
+            if not sources:
+                return
+            src = min(sources, key=lambda n: (served[n], serving[n], rng.random()))
+            serving[src] += 1
+            served[src] += 1
+            waiting.remove(dst)
+            running[dst] = [src, nbytes]
+
+    ready = False
+    while len(done) < nodes - 1:
+        if ready:
+            start_fetches()
+        rate = rates()
+        next_end = min(((left / rate[dst], dst) for dst, (_, left) in running.items()), default=(math.inf, -1))
+        next_timer = timers[0][0] - t if timers else math.inf
+        step = min(next_end[0], next_timer)
+        if step == math.inf:
+            raise RuntimeError(f"{mode}: stuck with {len(waiting)} nodes waiting")
+        for dst in running:
+            running[dst][1] -= rate[dst] * step
+        t += step
+        if next_timer <= next_end[0]:
+            _, node, what = heapq.heappop(timers)
+            if what == "ready":
+                ready = True
+            elif what == "copied":
+                done[node] = t
+                heapq.heappush(timers, (t + holder_delay_s, node, "holder"))
+            elif what == "holder":
+                holders[node], serving[node], served[node] = t, 0, 0
+            continue
+        dst = next_end[1]
+        src = int(running.pop(dst)[0])
+        serving[src] -= 1
+        heapq.heappush(timers, (t + after, dst, "copied"))
+    lone = before + nbytes / min(costs.stream_bps, costs.node_bps, costs.fabric_bps) + after
+    busiest = max(served.values())
+    return Spread(max(done.values()), statistics.median(done.values()), busiest, busiest * nbytes,
+                  max(done.values()) / lone)
+
+
+# ---- the league of docs/scaling.md ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class League:
+    """The stated assumptions for a league of AlphaStar's size (not measured: docs/scaling.md says why these)."""
+
+    nodes: int = 300
+    workers_per_node: int = 32
+    players: int = 900
+    snapshot_bytes: float = 220e6
+    learners: int = 12
+    publish_every_s: float = 10.0
+    nic_bps: float = 25e9 / 8
+    hold_batch_s: float = 1.0  # a store reports the copies it gained or dropped at most once per this
+
+
+def catalog_load(league: League, costs: Costs) -> dict[str, float]:
+    """Catalog calls/s: per new snapshot one publish, one lookup per fetching node and one watch answer per node
+    store; holds in one batch per node per ``hold_batch_s`` at most."""
+    snapshots_s = league.learners / league.publish_every_s
+    per_snapshot = 1 + 2 * league.nodes
+    holds_s = league.nodes * min(snapshots_s, 1 / league.hold_batch_s)
+    calls_s = snapshots_s * per_snapshot + holds_s
+    capacity = 1 / costs.catalog_call_s
+    return {"snapshots_per_s": snapshots_s, "calls_per_snapshot": per_snapshot + holds_s / snapshots_s,
+            "catalog_calls_per_s": calls_s, "catalog_capacity_per_s": capacity, "headroom": capacity / calls_s}
+
+
+def node_memory_bytes(league: League) -> dict[str, float]:
+    """A node keeps one copy of each snapshot its workers use: the learners' latest, and the frozen opponents
+    its workers draw (expected distinct draws of ``workers_per_node`` from ``players``)."""
+    frozen = league.players * (1 - (1 - 1 / league.players) ** league.workers_per_node)
+    return {"store_bytes": (league.learners + frozen) * league.snapshot_bytes,
+            "private_copies_bytes": league.workers_per_node * (1 + 1) * league.snapshot_bytes}
+
+
+# ---- calibration on a local cluster -----------------------------------------------------------------------------
+def calibrate(nodes: int, nbytes: int) -> Costs:
+    """Measure every cost the model uses on a local cluster of ``nodes`` (at least 4) in this process."""
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from policystore.catalog import CONCURRENCY_GROUPS, CatalogServer
+    from policystore.config import StoreConfig
+    from policystore.format import checksum_of
+
+    nodes = max(nodes, 4)
+    store_bytes = max(256 * MiB, 4 * nbytes)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store_bytes})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=1, object_store_memory=store_bytes)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+        ids = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+
+        @ray.remote(num_cpus=0.01)
+        class Peer:
+            def ping(self) -> None:
+                return None
+
+            def put(self, n: int) -> list:
+                self.obj = np.ones(n, dtype=np.uint8)
+                return [ray.put(self.obj)]
+
+            def get(self, refs: list) -> float:
+                start = time.perf_counter()
+                ray.get(refs[0])
+                return time.perf_counter() - start
+
+        peers = [Peer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+                 for n in ids]
+        ray.get([p.ping.remote() for p in peers])
+        far = peers[1]
+        call_s = statistics.median(harness.timed(lambda: ray.get(far.ping.remote()), 50, warmup=5))
+
+        def transfer(pairs: Sequence[tuple[int, int]]) -> float:
+            """Aggregate bytes/s of the given (source, destination) transfers at once."""
+            refs = {s: ray.get(peers[s].put.remote(nbytes)) for s in {s for s, _ in pairs}}
+            start = time.perf_counter()
+            ray.get([peers[d].get.remote(refs[s]) for s, d in pairs])
+            return len(pairs) * nbytes / (time.perf_counter() - start)
+
+        transfer([(0, 1)])  # warm the object managers' connections
+        stream = statistics.median(transfer([(0, 1)]) for _ in range(3))
+        node = statistics.median(transfer([(0, 1), (0, 2), (0, 3)]) for _ in range(2))
+        fabric = statistics.median(transfer([(0, 1), (2, 3), (1, 0)]) for _ in range(2))
+
+        catalog = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(CatalogServer).options(
+            num_cpus=0, max_concurrency=8).remote(":memory:", StoreConfig())
+        ray.get(catalog.health.remote())
+        total, inflight, pending = 512, 64, []
+        start = time.perf_counter()
+        for i in range(total):
+            pending.append(catalog.hold.remote("p", 1, f"node-{i % 8}"))
+            if len(pending) >= inflight:
+                ray.get(pending.pop(0))
+        ray.get(pending)
+        catalog_call_s = (time.perf_counter() - start) / total
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    buf = np.ones(nbytes, dtype=np.uint8)
+    checksum_s = statistics.median(harness.timed(lambda: checksum_of(buf), 5))
+    out = np.empty_like(buf)
+    copy_s = statistics.median(harness.timed(lambda: np.copyto(out, buf), 5))
+    return Costs(call_s, catalog_call_s, stream, node, fabric, nbytes / checksum_s, nbytes / copy_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.make_parser("cluster_model", __doc__)
+    parser.add_argument("--nodes", type=int, default=8, help="local cluster to predict (and measure) (%(default)s)")
+    parser.add_argument("--sizes-mib", type=harness.int_list, default=[64, 256], help="(%(default)s)")
+    parser.add_argument("--max-serving", type=int, default=2, help="tree: copies a source serves at once")
+    parser.add_argument("--max-served", type=int, default=3, help="tree: copies a source serves per snapshot")
+    parser.add_argument("--holder-delay-s", type=float, default=0.0,
+                        help="tree: from a node's copy being whole to others fetching from it (%(default)s)")
+    parser.add_argument("--calibrate-mib", type=int, default=64, help="transfer size for calibration")
+    parser.add_argument("--measure", action="store_true",
+                        help="after predicting, run benchmarks.scale's fan-out on --nodes local nodes")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.sizes_mib, args.calibrate_mib = 4, [4], 4
+    harness.setup_logging(args.verbose)
+    results = harness.Results("cluster_model", args, {k: str(v) for k, v in vars(args).items() if k != "out"})
+    costs = calibrate(args.nodes, args.calibrate_mib * MiB)
+    results.emit({"row": "calibration", **asdict(costs)})
+    knobs = {"max_serving": args.max_serving, "max_served": args.max_served, "holder_delay_s": args.holder_delay_s}
+    for mib in args.sizes_mib:
+        for mode in MODES:
+            s = spread(mode, args.nodes, mib * MiB, costs, **knobs)
+            results.emit({"row": "prediction", "mode": mode, "nodes": args.nodes, "snapshot_mib": mib,
+                          **asdict(s)})
+    if args.measure:  # benchmarks.scale's fan-out rows ("fanout"), after the predictions were written
+        from . import scale
+
+        for mib in args.sizes_mib:
+            scale.fanout(results, argparse.Namespace(nodes=args.nodes, fanout_mib=mib, fanout_rounds=3))
+    league = League()
+    network = replace(costs, node_bps=league.nic_bps, fabric_bps=math.inf,
+                      stream_bps=max(costs.stream_bps, league.nic_bps))
+    for mode in MODES:
+        s = spread(mode, league.nodes, league.snapshot_bytes, network, **knobs)
+        results.emit({"row": "league", "mode": mode, "nodes": league.nodes, "snapshot_mib": league.snapshot_bytes / MiB,
+                      **asdict(s), **catalog_load(league, costs),
+                      **{k: v / GB for k, v in node_memory_bytes(league).items()}})
+    results.finish(["row", "mode", "nodes", "snapshot_mib", "total_s", "node_p50_s", "max_served", "rounds",
+                    "catalog_calls_per_s", "headroom", "store_bytes", "loadavg_1m"])
+
+
+if __name__ == "__main__":
+    main()

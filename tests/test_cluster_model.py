@@ -1,0 +1,51 @@
+"""The cluster model's simulation (benchmarks.cluster_model): pure arithmetic, no Ray."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.cluster_model import Costs, League, catalog_load, spread
+
+NIC = Costs(call_s=1e-3, catalog_call_s=4e-4, stream_bps=3e9, node_bps=3e9, fabric_bps=math.inf,
+            checksum_bps=20e9, copy_bps=8e9)
+
+
+def test_star_sends_every_copy_from_the_publisher():
+    s = spread("star", 16, 100e6, NIC)
+    assert s.max_served == 15
+    assert s.max_sent_bytes == 15 * 100e6
+    assert s.total_s > 15 * 100e6 / NIC.node_bps  # the publisher's NIC sends them one after the other
+
+
+@pytest.mark.parametrize("nodes", [8, 64, 300])
+def test_tree_reaches_every_node_in_about_log_rounds_with_bounded_serving(nodes):
+    tree = spread("tree", nodes, 220e6, NIC, max_serving=2, max_served=3)
+    assert tree.max_served <= 3
+    assert tree.rounds <= 2 * math.log2(nodes)
+    assert tree.total_s < spread("star", nodes, 220e6, NIC).total_s
+
+
+def test_a_machine_wide_fabric_limit_makes_the_shape_matter_less():
+    """On one machine every transfer shares the same cores: a tree cannot beat the fabric's total rate."""
+    shared = Costs(**{**NIC.__dict__, "fabric_bps": 3e9})
+    tree = spread("tree", 8, 256e6, shared)
+    assert tree.total_s >= 7 * 256e6 / shared.fabric_bps
+
+
+def test_holder_delay_slows_the_tree():
+    assert spread("tree", 64, 64e6, NIC, holder_delay_s=0.5).total_s > spread("tree", 64, 64e6, NIC).total_s
+
+
+def test_catalog_load_counts_one_hold_batch_per_node_per_interval():
+    league = League(nodes=100, learners=10, publish_every_s=1.0, hold_batch_s=1.0)
+    load = catalog_load(league, NIC)
+    # 10 snapshots/s x (1 publish + a lookup and a watch answer per node) + 100 hold batches/s
+    assert load["catalog_calls_per_s"] == pytest.approx(10 * (1 + 2 * 100) + 100)
+    assert load["headroom"] == pytest.approx((1 / NIC.catalog_call_s) / load["catalog_calls_per_s"])
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown mode"):
+        spread("gossip", 4, 1e6, NIC)
