@@ -24,6 +24,9 @@ Rows: one per fault kind (how many were injected, recovery time p50/p99/max in s
   longest_stall_s    the longest gap between two successful reads of one reader slot (across its restarts)
   deleted_resurrected  deleted snapshots a fresh catalog on the same durable tier would list (must be 0);
                      racing_deletes counts the deletes issued at once after their publish
+  visible_unreadable   snapshots list() shows after the run (acknowledged or not) that cannot be read back whole
+                     (must be 0), less visible_lost_nondurable: listed non-durable ones no node holds any more
+                     (lost within the documented bound; list() still shows them, with no holder)
 Recovery: store kill -> first read of a new version on that node; catalog kill -> first acknowledged publish and
 first new-version read after it (the same for the catalog's database lost); reader kill -> that reader's next
 successful read; learner kill -> its next acknowledged publish; node cycle -> first new-version read on the node
@@ -471,6 +474,25 @@ class Chaos:
                 outcome[(pid, version)] = type(exc).__name__
         return outcome
 
+    def unreadable_visible(self) -> dict[str, str]:
+        """Every snapshot ``list()`` shows afterwards (acknowledged or not: a learner killed between the commit and
+        its reply leaves a committed, unacknowledged one), read back: id -> why it could not be read whole. A
+        non-durable one that no node holds any more was lost within the documented bound (its store died before
+        it reached another copy) and is counted apart, as ``nondurable``."""
+        from policystore import SnapshotLostError
+        from policystore.wire import DURABLE
+
+        problems = {}
+        for info in self.store.list():
+            try:
+                snap = self.store.get(*info.id)
+                if digest(snap) != snap.meta.get("digest"):
+                    problems[str(info.id)] = "wrong bytes"
+            except Exception as exc:
+                bound = DURABLE not in info.holders and isinstance(exc, SnapshotLostError)
+                problems[str(info.id)] = f"{type(exc).__name__}{' (nondurable)' if bound else ''}"
+        return problems
+
     def resurrected(self, confirmed: set, settle_s: float = 60.0) -> int:
         """Deleted snapshots the durable tier still has committed: what a fresh catalog on it would list. A delete
         during a durable fault near the end may still have its tombstone queued for retry: wait up to
@@ -497,7 +519,8 @@ def first_after(times: list[float], t: float) -> float | None:
     return min(later) - t if later else None
 
 
-def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, run_s: float) -> tuple[list[dict], dict]:
+def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, unreadable: dict[str, str],
+            run_s: float) -> tuple[list[dict], dict]:
     acks, slots, fresh = data["acks"], data["slots"], data["fresh"]
     ack_times = {i: sorted(a["t"] for a in acks.values() if a["learner"] == i) for i in range(chaos.args.learners)}
     all_acks = sorted(a["t"] for a in acks.values())
@@ -572,9 +595,12 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, run_s: float) -> 
         "longest_stall_s": max(stalls) if stalls else None,
         "racing_deletes": data["racing"],
         "deleted_resurrected": chaos.resurrected(data["confirmed"]),
+        "visible_unreadable": sum(1 for why in unreadable.values() if "(nondurable)" not in why),
+        "visible_lost_nondurable": sum(1 for why in unreadable.values() if "(nondurable)" in why),
         "faults": len(chaos.faults),
         "errors": errors,
         "durable_lost_ids": [f"{p}@v{v}: {lost[(p, v)]}" for p, v in durable_lost][:20],
+        "visible_unreadable_ids": [f"{sid}: {why}" for sid, why in unreadable.items()][:20],
     }
     return rows, summary
 
@@ -616,7 +642,7 @@ def main() -> None:
         log.info("faults over; reading back every acknowledged snapshot")
         data = ray.get(chaos.monitor.dump.remote())
         outcome = chaos.check_ledger(data["acks"], data["deleted"])
-        rows, summary = analyse(chaos, data, outcome, run_s)
+        rows, summary = analyse(chaos, data, outcome, chaos.unreadable_visible(), run_s)
         for row in rows:
             results.emit(row)
         results.emit(summary)
@@ -630,6 +656,7 @@ def main() -> None:
         f"outside the bound); wrong reads {summary['wrong_reads']}; backwards {summary['backwards']}; "
         f"versions reused {summary['versions_reused']}; "
         f"deleted resurrected {summary['deleted_resurrected']} of {summary['racing_deletes']} racing deletes; "
+        f"visible but unreadable {summary['visible_unreadable']}; "
         f"read success {summary['read_success']:.4f}, availability {summary['availability']:.4f}, longest stall "
         f"{summary['longest_stall_s']} s over {summary['reads']} reads",
     ]
