@@ -10,7 +10,8 @@ a transfer starts or ends, so the simulation jumps from event to event. Three wa
          --max-serving copies at that moment and has served fewer than --max-served in all (the least served
          first); a node that finished becomes a source after
          --holder-delay-s (how long until others learn it holds the snapshot); each fetch is a lookup at the
-         catalog, a call to the source, the transfer, the checksum and the copy into the node's own object
+         catalog, a call to the source, the transfer, then the checksum beside the copy into the node's own
+         object
   ray    Ray's own broadcast (``ray.get`` of one object on every node): each node pulls from a node that holds a
          whole copy when it asks (Ray lists a location once the copy there is whole); every node asks at once,
          so the publisher serves them all, with no call, checksum or own copy
@@ -80,7 +81,7 @@ class Spread:
     rounds: float  # total_s over the time of one lone transfer: about log2(nodes) for a tree
 
 
-def spread(mode: str, nodes: int, nbytes: float, costs: Costs, *, max_serving: int = 2, max_served: int = 3,
+def spread(mode: str, nodes: int, nbytes: float, costs: Costs, *, max_serving: int = 3, max_served: int = 3,
            holder_delay_s: float = 0.0, seed: int = 0) -> Spread:
     """Simulate one new snapshot of ``nbytes`` on node 0 reaching nodes 1..nodes-1 (all ask at once)."""
     if mode not in MODES:
@@ -88,7 +89,7 @@ def spread(mode: str, nodes: int, nbytes: float, costs: Costs, *, max_serving: i
     rng = random.Random(seed)
     store = mode != "ray"
     before = (costs.catalog_call_s + 2 * costs.call_s) if store else costs.call_s  # lookup + resolve, or the get
-    after = nbytes / costs.checksum_bps + nbytes / costs.copy_bps if store else 0.0
+    after = max(nbytes / costs.checksum_bps, nbytes / costs.copy_bps) if store else 0.0  # side by side
     cap, budget = (max_serving, max_served) if mode == "tree" else (math.inf, math.inf)
     holders = {0: 0.0}  # node -> when others may fetch from it
     serving = {0: 0}
@@ -167,7 +168,7 @@ class League:
     learners: int = 12
     publish_every_s: float = 10.0
     nic_bps: float = 25e9 / 8
-    hold_batch_s: float = 1.0  # a store reports the copies it gained or dropped at most once per this
+    hold_batch_s: float = 0.5  # a store reports the copies it gained or dropped at most once per this
 
 
 def catalog_load(league: League, costs: Costs) -> dict[str, float]:
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = harness.make_parser("cluster_model", __doc__)
     parser.add_argument("--nodes", type=int, default=8, help="local cluster to predict (and measure) (%(default)s)")
     parser.add_argument("--sizes-mib", type=harness.int_list, default=[64, 256], help="(%(default)s)")
-    parser.add_argument("--max-serving", type=int, default=2, help="tree: copies a source serves at once")
+    parser.add_argument("--max-serving", type=int, default=3, help="tree: copies a source serves at once")
     parser.add_argument("--max-served", type=int, default=3, help="tree: copies a source serves per snapshot")
     parser.add_argument("--holder-delay-s", type=float, default=0.0,
                         help="tree: from a node's copy being whole to others fetching from it (%(default)s)")

@@ -21,6 +21,11 @@ Rows (``what`` says which is which; PSS and USS in MiB):
   object store, GCS, store and catalog actors, EnvRunners). PSS splits each shared page among its mappers, so the
   sum counts the one copy in the object store once; USS is private memory only (no shared page at all).
   ``copies_per_node`` = node PSS delta / (K x module size): 1.0 is the physical limit, one copy per node.
+- ``node_live``: the same delta counted without the object store's page reuse (``live_mib``): every process's
+  private and file PSS (shared object-store pages left out) plus the bytes of live objects in the object store.
+  A freed object's pages stay touched, so once ``train()`` has moved weights through the object store new
+  snapshots reuse those pages and the ``node`` PSS delta undercounts them (``--job train``); ``copies_live`` =
+  live_mib / (K x module size).
 - ``env_runner``: the delta per remote EnvRunner (mean over the N). PSS = its private growth plus its share of
   the shared snapshots; USS = its private growth alone.
 - ``store_actor``, ``catalog_actor`` (store mode): those processes' own PSS and USS, absolute (not deltas): the
@@ -41,12 +46,22 @@ from typing import Any
 
 import psutil
 
-from benchmarks.harness import MiB, Results, int_list, make_parser, progress, ray_session, setup_logging
+from benchmarks.harness import (
+    MiB,
+    Results,
+    int_list,
+    make_parser,
+    object_store_used_bytes,
+    progress,
+    pss_breakdown_bytes,
+    ray_session,
+    setup_logging,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rllib", "rllib+store")
 COLUMNS = ["job", "mode", "env_runners", "frozen", "what", "process", "pss_mib", "uss_mib", "copies_per_node",
-           "module_mib", "loadavg_1m"]
+           "live_mib", "copies_live", "module_mib", "loadavg_1m"]
 JOBS = ("freeze", "train")
 
 
@@ -57,6 +72,15 @@ def pss_uss(pids: list[int]) -> tuple[int, int]:
         pss_, uss_ = per_pid(pid)
         pss, uss = pss + pss_, uss + uss_
     return pss, uss
+
+
+def live_bytes() -> int:
+    """The session's memory counted without the object store's page reuse: every process's private and file pages
+    (PSS, shared object-store pages left out) plus the bytes of live objects in the object store. The node PSS sum
+    counts object-store pages once they are touched, and a freed object's pages stay touched: after ``train()`` has
+    moved weights through the object store, new snapshots reuse those pages and the node delta undercounts them."""
+    parts = pss_breakdown_bytes([psutil.Process(pid) for pid in session_pids() if psutil.pid_exists(pid)])
+    return parts["anon"] + parts["file"] + object_store_used_bytes()
 
 
 def per_pid(pid: int) -> tuple[int, int]:
@@ -148,6 +172,7 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
         runners = env_runner_pids(algorithm)
         roles = process_roles(algorithm, stock)
         base_node, base_runners, base_roles = pss_uss(session_pids()), pss_uss(runners), by_process(roles)
+        base_live = live_bytes()
         have: list[str] = []
         for k in frozen:
             while len(have) < k:
@@ -166,6 +191,9 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
             results.emit({**point, "what": "node", "pss_mib": round(node_pss, 1),
                           "uss_mib": round((node[1] - base_node[1]) / MiB, 1),
                           "copies_per_node": round(node_pss / (k * size), 2)})
+            live = (live_bytes() - base_live) / MiB
+            results.emit({**point, "what": "node_live", "live_mib": round(live, 1),
+                          "copies_live": round(live / (k * size), 2)})
             now = pss_uss(runners)
             results.emit({**point, "what": "env_runner",
                           "pss_mib": round((now[0] - base_runners[0]) / MiB / env_runners, 1),

@@ -65,3 +65,9 @@ def test_the_growth_is_split_by_process(rows):
     # Stock RLlib's copies sit in the EnvRunners (each about one per frozen module); the store's do not.
     stock, store = rows["rllib", "process", "env_runner_1"], rows["rllib+store", "process", "env_runner_1"]
     assert store["uss_mib"] < stock["uss_mib"], rows
+
+
+def test_node_live_counts_private_memory_and_live_objects(rows):
+    """The page-reuse-proof count: stock RLlib's private copies weigh more than the store's one shared copy."""
+    stock, store = rows["rllib", "node_live"], rows["rllib+store", "node_live"]
+    assert stock["copies_live"] > store["copies_live"], rows
