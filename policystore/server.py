@@ -174,6 +174,7 @@ class StoreServer:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="policystore-spill")
         self._counters: Counter[str] = Counter()
         self._served: dict[SnapshotId, list[str]] = {}  # per snapshot, the nodes this store handed a copy to
+        self.serves_per_snapshot = SERVES_PER_SNAPSHOT
         self.holders = HolderBatch(self._send_holders, HOLD_INTERVAL_S)
         self.uploads = _open_queue(self)
         self._high: dict[str, int] = {}  # per policy, the highest version seen handed out (see ``holdings``)
@@ -599,7 +600,7 @@ class StoreServer:
         with self._lock:
             served = self._served.setdefault(sid, [])
             fresh = requester not in served
-            if fresh and len(served) >= SERVES_PER_SNAPSHOT and not force:
+            if fresh and len(served) >= self.serves_per_snapshot and not force:
                 return Served(None, tuple(served))
             if fresh:
                 served.append(requester)  # taken now, so that fetchers arriving meanwhile go elsewhere
