@@ -19,9 +19,9 @@ fanout rows (one per size in --fanout-mib and round): a new snapshot published o
   policystore rows also: served_max (the most copies of this snapshot any one node's store served: a tree keeps
   it at SERVES_PER_SNAPSHOT or below), x_ray_get (total_s over the ray_get row of the same size and round).
 catalog_calls rows (one per policystore fan-out round): calls the catalog actor received from the publish until
-  every store had told it its new copy (``CatalogServer.health().calls``), per published snapshot: calls_total and
-  calls_<method> (publish, lookup, update_holders, watch, ...); watch counts the stores' long polls answered in
-  that time, idle ones included.
+  every store had told it its new copy (``CatalogServer.health().calls``), window_s seconds: calls_<method>
+  (publish, lookup, update_holders, watch, ...); calls_per_snapshot: all but watch, which the stores' followers
+  send on a timer whether or not anything is published (watch_per_node_s: those per node and second).
 
 --quick: N = 1000 only, fewer samples, 3 nodes and 4 MiB for the fan-out.
 """
@@ -260,6 +260,11 @@ def fanout(results: harness.Results, args) -> None:
 
         source, readers = on(head), [on(n) for n in nodes if n != head]
         ray.get([r.node.remote() for r in [source, *readers]])
+        # untimed warm-up of both paths (worker leases, actor handles between stores), so that round 0 measures
+        # the transfer, not the cluster's first calls
+        ray.get([r.fetch.remote("fanout_warmup", ray.get(source.publish.remote("fanout_warmup", MiB, 0)))
+                 for r in readers])
+        ray.get([r.get.remote(ray.get(source.put.remote(MiB, 0))) for r in readers])
         for mib in args.fanout_mib:
             nbytes = mib * MiB
             for round_ in range(args.fanout_rounds):
@@ -269,6 +274,7 @@ def fanout(results: harness.Results, args) -> None:
                     if mode == "policystore":
                         served = [s.stats().served for s in stores.values()]
                         calls = ray.get(catalog.health.remote()).calls
+                        window = time.perf_counter()
                         version = ray.get(source.publish.remote(f"fanout_{mib}", nbytes, round_))
                         start = time.perf_counter()
                         per_node = ray.get([r.fetch.remote(f"fanout_{mib}", version) for r in readers])
@@ -278,9 +284,12 @@ def fanout(results: harness.Results, args) -> None:
                         row["served_max"] = max(s.stats().served - b for s, b in zip(stores.values(), served,
                                                                                      strict=True))
                         after = ray.get(catalog.health.remote()).calls
+                        window = time.perf_counter() - window
                         counts = {m: n - calls.get(m, 0) for m, n in after.items() if n > calls.get(m, 0)}
                         results.emit({"row": "catalog_calls", "nodes": len(nodes), "snapshot_mib": mib,
-                                      "round": round_, "calls_total": sum(counts.values()),
+                                      "round": round_, "window_s": window,
+                                      "calls_per_snapshot": sum(n for m, n in counts.items() if m != "watch"),
+                                      "watch_per_node_s": counts.get("watch", 0) / len(nodes) / window,
                                       **{f"calls_{m}": n for m, n in sorted(counts.items())}})
                     else:
                         refs = ray.get(source.put.remote(nbytes, round_))
@@ -348,7 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     notes = [f"params: {json.dumps(results.params)}"]
     results.finish(["row", "mode", "snapshots", "op", "p50_ms", "p99_ms", "ops_per_s", "inflight", "db_mib", "open_s",
                     "actor_restart_s", "actor_pss_mib", "nodes", "snapshot_mib", "total_s", "node_max_s",
-                    "aggregate_gbps", "served_max", "x_ray_get", "calls_total", "loadavg_1m"], plot, notes)
+                    "aggregate_gbps", "served_max", "x_ray_get", "calls_per_snapshot", "watch_per_node_s",
+                    "loadavg_1m"], plot, notes)
 
 
 if __name__ == "__main__":
