@@ -45,7 +45,8 @@ import psutil
 import ray
 
 from policystore.catalog import CONCURRENCY_GROUPS, CatalogServer
-from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig
+from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
+from policystore.server import SERVES_PER_SNAPSHOT
 from policystore.wire import Summary
 
 from . import harness
@@ -253,6 +254,10 @@ def fanout(results: harness.Results, args) -> None:
         stores = policystore.connect_all(StoreConfig())  # spill folders per node, under <tmp>/policystore-spill/<s>
         catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        if args.serves_per_snapshot:  # e.g. the node count: every store fetches from the publisher (a star)
+            ray.get([ray.get_actor(store_name(n), namespace=NAMESPACE).__ray_call__.remote(
+                lambda self, limit=args.serves_per_snapshot: setattr(self, "serves_per_snapshot", limit))
+                for n in nodes])
         head = cluster.head_node.node_id
 
         def on(node: str):
@@ -271,6 +276,8 @@ def fanout(results: harness.Results, args) -> None:
                 rows = {}
                 for mode in ("policystore", "ray_get"):
                     row = {"row": "fanout", "mode": mode, "nodes": len(nodes), "round": round_, "snapshot_mib": mib}
+                    if mode == "policystore":
+                        row["serves_per_snapshot"] = args.serves_per_snapshot or SERVES_PER_SNAPSHOT
                     if mode == "policystore":
                         served = [s.stats().served for s in stores.values()]
                         calls = ray.get(catalog.health.remote()).calls
@@ -338,6 +345,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fanout-mib", type=harness.int_list, default=[64, 256],
                         help="fan-out snapshot sizes, comma-separated (%(default)s)")
     parser.add_argument("--fanout-rounds", type=int, default=3, help="(%(default)s)")
+    parser.add_argument("--serves-per-snapshot", type=int, default=0,
+                        help="copies of one snapshot each store serves before it points at the nodes it served "
+                             "(default: the store's own, SERVES_PER_SNAPSHOT; the node count makes a star)")
     parser.add_argument("--skip-fanout", action="store_true", help="catalog rows only")
     args = parser.parse_args(argv)
     if args.quick:

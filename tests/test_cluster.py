@@ -212,6 +212,32 @@ def test_kill_during_publish_leaves_the_snapshot_whole_or_absent(cluster):
         assert not published
 
 
+def test_kill_during_fetch_leaves_the_copy_whole_or_absent(cluster):
+    """A store SIGKILLed while it fetches (its miss counted, its copy not yet recorded) comes back with the copy
+    whole or absent: the catalog lists it as a holder only with a copy that verifies, and a new get is whole."""
+    c, _, _ = cluster
+    a, b, _ = node_ids(c)
+    ray.get(on(a).publish.remote("fetched_midway", 6, mib=96))
+    reader = on(b)
+    store = ray.get_actor(store_name(b), namespace=NAMESPACE)
+    misses = ray.get(store.stats.remote()).misses
+    pending = reader.get.remote("fetched_midway")
+    deadline = time.monotonic() + 60
+    while ray.get(store.stats.remote()).misses == misses:  # the fetch has begun
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(ray.get(store.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+    try:
+        assert ray.get(pending) == (1, 6.0, 6.0)  # retried through the restart, or done before the kill
+    except (ray.exceptions.RayError, policystore.PolicyStoreError):
+        pass
+    again = policystore.connect(node_id=b)
+    again.flush()
+    if b in again.list("fetched_midway")[0].holders:
+        assert again.verify("fetched_midway").ok
+    assert ray.get(on(b).get.remote("fetched_midway")) == (1, 6.0, 6.0)
+
+
 def test_12_readers_never_see_a_torn_snapshot_while_a_learner_publishes(cluster):
     c, _, _ = cluster
     nodes = node_ids(c)
