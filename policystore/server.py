@@ -85,7 +85,7 @@ _CATALOG_RETRY_S = 60.0
 _CATALOG_DOWN = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
 _GAUGE_INTERVAL_S = 2.0
 # Copies of one snapshot a store hands to other nodes' stores before it points further fetchers at the nodes it
-# served: a new snapshot spreads as a tree (about log2(nodes) rounds) and no node sends more than this many.
+# served: a new snapshot spreads as a tree (about log3(nodes) rounds) and no node sends more than this many.
 SERVES_PER_SNAPSHOT = 3
 HOLD_INTERVAL_S = 0.5  # the holder changes of one interval go to the catalog in one call
 
