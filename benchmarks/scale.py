@@ -11,11 +11,17 @@ ops rows (per catalog size N, in policies of --versions-per-policy versions):
 state rows (per N): db_mib (the database on disk, WAL checkpointed), open_s (CatalogServer opening the database,
   integrity check included: the catalog's own part of a restart), actor_restart_s (SIGKILL of the actor to its
   first answered lookup, Ray's restart included), actor_pss_mib (PSS of the catalog actor's process)
-fanout rows (one per round): a new snapshot of --fanout-mib published on the head node of a
+fanout rows (one per size in --fanout-mib and round): a new snapshot published on the head node of a
   ray.cluster_utils.Cluster of --nodes nodes, then fetched by a reader on every other node at once:
   mode policystore (each node's store fetches it from a holder, then serves its node) or ray_get (raw ray.get of
-  one ray.put object by an actor per node: Ray's own transfer, the floor); total_s (until every node has it),
-  node_p50_s / node_max_s, aggregate_gbps (bytes delivered to all nodes / total_s).
+  one ray.put object by an actor per node: Ray's own transfer, the floor), both in the same run; total_s (until
+  every node has it), node_p50_s / node_max_s, aggregate_gbps (bytes delivered to all nodes / total_s);
+  policystore rows also: served_max (the most copies of this snapshot any one node's store served: a tree keeps
+  it at SERVES_PER_SNAPSHOT or below), x_ray_get (total_s over the ray_get row of the same size and round).
+catalog_calls rows (one per policystore fan-out round): calls the catalog actor received from the publish until
+  every store had told it its new copy (``CatalogServer.health().calls``), window_s seconds: calls_<method>
+  (publish, lookup, update_holders, watch, ...); calls_per_snapshot: all but watch, which the stores' followers
+  send on a timer whether or not anything is published (watch_per_node_s: those per node and second).
 
 --quick: N = 1000 only, fewer samples, 3 nodes and 4 MiB for the fan-out.
 """
@@ -39,7 +45,8 @@ import psutil
 import ray
 
 from policystore.catalog import CONCURRENCY_GROUPS, CatalogServer
-from policystore.config import StoreConfig
+from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
+from policystore.server import SERVES_PER_SNAPSHOT
 from policystore.wire import Summary
 
 from . import harness
@@ -235,7 +242,7 @@ def fanout(results: harness.Results, args) -> None:
 
     import policystore
 
-    store_bytes = max(256 * MiB, 4 * args.fanout_mib * MiB)
+    store_bytes = max(256 * MiB, 4 * max(args.fanout_mib) * MiB)
     session = None
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store_bytes})
     try:
@@ -244,8 +251,13 @@ def fanout(results: harness.Results, args) -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
         session = ray.get_runtime_context().get_session_name()
-        policystore.connect_all(StoreConfig())  # spill folders per node, under <tmp>/policystore-spill/<session>
+        stores = policystore.connect_all(StoreConfig())  # spill folders per node, under <tmp>/policystore-spill/<s>
+        catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        if args.serves_per_snapshot:  # e.g. the node count: every store fetches from the publisher (a star)
+            ray.get([ray.get_actor(store_name(n), namespace=NAMESPACE).__ray_call__.remote(
+                lambda self, limit=args.serves_per_snapshot: setattr(self, "serves_per_snapshot", limit))
+                for n in nodes])
         head = cluster.head_node.node_id
 
         def on(node: str):
@@ -253,22 +265,49 @@ def fanout(results: harness.Results, args) -> None:
 
         source, readers = on(head), [on(n) for n in nodes if n != head]
         ray.get([r.node.remote() for r in [source, *readers]])
-        nbytes = args.fanout_mib * MiB
-        for round_ in range(args.fanout_rounds):
-            for mode in ("policystore", "ray_get"):
-                if mode == "policystore":
-                    version = ray.get(source.publish.remote("fanout", nbytes, round_))
-                    start = time.perf_counter()
-                    per_node = ray.get([r.fetch.remote("fanout", version) for r in readers])
-                else:
-                    refs = ray.get(source.put.remote(nbytes, round_))
-                    start = time.perf_counter()
-                    per_node = ray.get([r.get.remote(refs) for r in readers])
-                total = time.perf_counter() - start
-                results.emit({"row": "fanout", "mode": mode, "nodes": len(nodes), "round": round_,
-                              "snapshot_mib": args.fanout_mib, "total_s": total,
-                              "node_p50_s": statistics.median(per_node), "node_max_s": max(per_node),
-                              "aggregate_gbps": nbytes * len(readers) / total / 1e9})
+        # untimed warm-up of both paths (worker leases, actor handles between stores), so that round 0 measures
+        # the transfer, not the cluster's first calls
+        ray.get([r.fetch.remote("fanout_warmup", ray.get(source.publish.remote("fanout_warmup", MiB, 0)))
+                 for r in readers])
+        ray.get([r.get.remote(ray.get(source.put.remote(MiB, 0))) for r in readers])
+        for mib in args.fanout_mib:
+            nbytes = mib * MiB
+            for round_ in range(args.fanout_rounds):
+                rows = {}
+                for mode in ("policystore", "ray_get"):
+                    row = {"row": "fanout", "mode": mode, "nodes": len(nodes), "round": round_, "snapshot_mib": mib}
+                    if mode == "policystore":
+                        row["serves_per_snapshot"] = args.serves_per_snapshot or SERVES_PER_SNAPSHOT
+                    if mode == "policystore":
+                        served = [s.stats().served for s in stores.values()]
+                        calls = ray.get(catalog.health.remote()).calls
+                        window = time.perf_counter()
+                        version = ray.get(source.publish.remote(f"fanout_{mib}", nbytes, round_))
+                        start = time.perf_counter()
+                        per_node = ray.get([r.fetch.remote(f"fanout_{mib}", version) for r in readers])
+                        total = time.perf_counter() - start
+                        for store in stores.values():
+                            store.flush()  # its spills done and holder changes sent
+                        row["served_max"] = max(s.stats().served - b for s, b in zip(stores.values(), served,
+                                                                                     strict=True))
+                        after = ray.get(catalog.health.remote()).calls
+                        window = time.perf_counter() - window
+                        counts = {m: n - calls.get(m, 0) for m, n in after.items() if n > calls.get(m, 0)}
+                        results.emit({"row": "catalog_calls", "nodes": len(nodes), "snapshot_mib": mib,
+                                      "round": round_, "window_s": window,
+                                      "calls_per_snapshot": sum(n for m, n in counts.items() if m != "watch"),
+                                      "watch_per_node_s": counts.get("watch", 0) / len(nodes) / window,
+                                      **{f"calls_{m}": n for m, n in sorted(counts.items())}})
+                    else:
+                        refs = ray.get(source.put.remote(nbytes, round_))
+                        start = time.perf_counter()
+                        per_node = ray.get([r.get.remote(refs) for r in readers])
+                        total = time.perf_counter() - start
+                    rows[mode] = {**row, "total_s": total, "node_p50_s": statistics.median(per_node),
+                                  "node_max_s": max(per_node), "aggregate_gbps": nbytes * len(readers) / total / 1e9}
+                rows["policystore"]["x_ray_get"] = rows["policystore"]["total_s"] / rows["ray_get"]["total_s"]
+                for row in rows.values():
+                    results.emit(row)
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -302,14 +341,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2000, help="in-process calls per op (%(default)s)")
     parser.add_argument("--actor-repeats", type=int, default=300, help="actor calls per op, one at a time")
     parser.add_argument("--inflight", type=int, default=64, help="actor calls in flight for ops_per_s")
-    parser.add_argument("--nodes", type=int, default=4, help="fan-out cluster nodes, head included (%(default)s)")
-    parser.add_argument("--fanout-mib", type=int, default=256, help="fan-out snapshot size (%(default)s)")
+    parser.add_argument("--nodes", type=int, default=8, help="fan-out cluster nodes, head included (%(default)s)")
+    parser.add_argument("--fanout-mib", type=harness.int_list, default=[64, 256],
+                        help="fan-out snapshot sizes, comma-separated (%(default)s)")
     parser.add_argument("--fanout-rounds", type=int, default=3, help="(%(default)s)")
+    parser.add_argument("--serves-per-snapshot", type=int, default=0,
+                        help="copies of one snapshot each store serves before it points at the nodes it served "
+                             "(default: the store's own, SERVES_PER_SNAPSHOT; the node count makes a star)")
     parser.add_argument("--skip-fanout", action="store_true", help="catalog rows only")
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.repeats, args.actor_repeats, args.inflight = [1000], 200, 30, 16
-        args.nodes, args.fanout_mib, args.fanout_rounds = 3, 4, 1
+        args.nodes, args.fanout_mib, args.fanout_rounds = 3, [4], 1
     harness.setup_logging(args.verbose)
     results = harness.Results("scale", args, {k: str(v) for k, v in vars(args).items() if k != "out"})
     workdir = Path(tempfile.mkdtemp(prefix="policystore-scale-"))
@@ -324,7 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     notes = [f"params: {json.dumps(results.params)}"]
     results.finish(["row", "mode", "snapshots", "op", "p50_ms", "p99_ms", "ops_per_s", "inflight", "db_mib", "open_s",
                     "actor_restart_s", "actor_pss_mib", "nodes", "snapshot_mib", "total_s", "node_max_s",
-                    "aggregate_gbps", "loadavg_1m"], plot, notes)
+                    "aggregate_gbps", "served_max", "x_ray_get", "calls_per_snapshot", "watch_per_node_s",
+                    "loadavg_1m"], plot, notes)
 
 
 if __name__ == "__main__":

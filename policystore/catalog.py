@@ -33,11 +33,13 @@ other calls; create the actor with ``ray.remote(concurrency_groups=CONCURRENCY_G
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +52,7 @@ from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
 from .config import NAMESPACE, StoreConfig, store_name
 from .errors import (
     InvalidMetaError,
+    InvalidOptionError,
     InvalidPolicyIdError,
     InvalidWeightsError,
     PolicyStoreError,
@@ -77,6 +80,26 @@ MAX_VERSION = 2**62
 REBUILD_WAIT_S = 30.0  # how long a catalog with a new database waits for the live stores' holdings
 
 _ENTRY = "SELECT pid, version, nbytes, checksum, meta, created, durable FROM snapshots"
+
+
+_inside = threading.local()  # set while a counted call runs on this thread: calls it makes itself are not counted
+
+
+def _counted(method: Callable) -> Callable:
+    """Count each call the catalog receives, by method (``health().calls``): its load per published snapshot is
+    what bounds a cluster's size. A call made by another method of the catalog is part of that one."""
+    @functools.wraps(method)
+    def counted(self: CatalogServer, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_inside, "yes", False):
+            return method(self, *args, **kwargs)
+        with self._calls_lock:
+            self._calls[method.__name__] += 1
+        _inside.yes = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _inside.yes = False
+    return counted
 
 
 def meta_json(meta: Any) -> str:
@@ -142,6 +165,29 @@ def _check_id(raw: Any) -> SnapshotId:
     return sid
 
 
+def _check_change(change: Any) -> tuple[SnapshotId, str]:
+    """One holder change ``(snapshot id, node)`` from a store's batch, checked."""
+    try:
+        raw, node = change
+        return _check_id(raw), _check_node(node)
+    except (TypeError, ValueError) as exc:
+        raise InvalidWeightsError(f"a holder change is (snapshot id, node id), got {change!r}: {exc}") from None
+
+
+def _check_page(limit: Any, after: Any) -> tuple[int | None, SnapshotId | None]:
+    """``list``'s paging arguments, checked: ``limit`` an int >= 1 or None, ``after`` a snapshot id or None."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidOptionError(f"list: limit must be an int >= 1 or None, got {limit!r}")
+    if after is None:
+        return limit, None
+    try:
+        policy_id, version = after
+        return limit, SnapshotId(check_policy_id(policy_id), check_version(version))
+    except (TypeError, ValueError) as exc:
+        raise InvalidOptionError(f"list: after must be a snapshot id (policy id, version) or None, got {after!r}: "
+                                 f"{exc}") from None
+
+
 def _check_node(node_id: Any) -> str:
     if not isinstance(node_id, str) or not node_id:
         raise InvalidWeightsError(f"node id must be a non-empty str, got {node_id!r}")
@@ -174,6 +220,8 @@ class CatalogServer:
         self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
         self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
         self._keep = max(1, event_log_keep)
+        self._calls: Counter[str] = Counter()
+        self._calls_lock = threading.Lock()
         opened = catalogdb.open_db(self._path)
         self._db = opened.conn
         self._new = opened.new
@@ -187,12 +235,14 @@ class CatalogServer:
         self._adopted = self._skipped = 0
         if self._new:
             self._rebuild(seed, holdings)
+            self._calls.clear()  # the rebuild's own reconcile and adopt are not calls received
         for problem in self._problems:
             log.error("catalog: %s", problem)
         health = self.health()
         log.info("catalog: %d snapshots of %d policies in %s (%s database, epoch %s)", health.snapshots,
                  health.policies, self._path, "new" if self._new else "existing", self._epoch)
 
+    @_counted
     def store_config(self) -> StoreConfig:
         return self.config
 
@@ -204,8 +254,12 @@ class CatalogServer:
             return CatalogHealth(
                 path=str(self._path), epoch=self._epoch, new=self._new, problems=tuple(self._problems),
                 adopted=self._adopted, skipped=self._skipped, seq=self._seq, policies=policies,
-                snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0),
+                snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0), calls=self._call_counts(),
             )
+
+    def _call_counts(self) -> dict[str, int]:
+        with self._calls_lock:
+            return dict(self._calls)
 
     def close(self) -> None:
         """Close the database (an orderly stop; a killed catalog loses nothing it acknowledged either)."""
@@ -213,6 +267,7 @@ class CatalogServer:
             self._db.close()
 
     # ---- publish -------------------------------------------------------------------------------------------
+    @_counted
     def reserve(self, policy_id: str, node_id: str) -> int:
         """A new version of ``policy_id``, invisible until ``commit``: the first phase of a durable publish."""
         check_policy_id(policy_id)
@@ -223,6 +278,7 @@ class CatalogServer:
                        (policy_id, version, RESERVED, node_id))
         return version
 
+    @_counted
     def commit(self, policy_id: str, version: int, node_id: str, summary: Summary) -> CatalogEntry:
         """Make a reserved version visible (synced: a committed snapshot survives a power cut)."""
         sid = SnapshotId(check_policy_id(policy_id), check_version(version))
@@ -238,6 +294,7 @@ class CatalogServer:
             self._record_commit(db, sid, node_id, summary, meta)
         return self._entry(sid)
 
+    @_counted
     def publish(self, policy_id: str, node_id: str, summary: Summary, token: str | None = None) -> CatalogEntry:
         """Reserve and commit a new version in one call and one transaction (a non-durable publish's one trip).
 
@@ -266,6 +323,7 @@ class CatalogServer:
                     db.execute("INSERT INTO publishes (token, pid, version) VALUES (?, ?, ?)", (token, *sid))
             return self._entry(sid)
 
+    @_counted
     def withdraw(self, policy_id: str, version: int, node_id: str) -> None:
         """Take back a version whose publish on ``node_id`` failed: reserved, it is aborted; committed (the publish
         failed after the catalog's commit, e.g. writing the durable marker), it is deleted, so no version stays
@@ -282,6 +340,7 @@ class CatalogServer:
                 self._refresh_latest(db, policy_id)
 
     # ---- holders -------------------------------------------------------------------------------------------
+    @_counted
     def hold(self, policy_id: str, version: int, node_id: str) -> None:
         """Record that ``node_id`` (or ``wire.DURABLE``) has a copy of a committed snapshot."""
         sid = SnapshotId(check_policy_id(policy_id), check_version(version))
@@ -289,11 +348,26 @@ class CatalogServer:
         with self._write(durable=False) as db:
             self._add_holder(db, sid, node_id)
 
+    @_counted
     def drop(self, policy_id: str, version: int, node_id: str) -> None:
         sid = SnapshotId(check_policy_id(policy_id), check_version(version))
         with self._write(durable=False) as db:
             db.execute("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?", (*sid, node_id))
 
+    @_counted
+    def update_holders(self, gained: Sequence[tuple[SnapshotId, str]] = (),
+                       dropped: Sequence[tuple[SnapshotId, str]] = ()) -> None:
+        """A store's holder changes since its last call, in one call and one transaction (``hold`` and ``drop``
+        batched: a store sends them once per interval, so the catalog's load per snapshot is one message per
+        node). Each change is ``(snapshot id, node id or wire.DURABLE)``; all are checked before any is written."""
+        checked = [[_check_change(change) for change in changes] for changes in (gained, dropped)]
+        with self._write(durable=False) as db:
+            for sid, node in checked[0]:
+                self._add_holder(db, sid, node)
+            db.executemany("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?",
+                           [(*sid, node) for sid, node in checked[1]])
+
+    @_counted
     def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, str | Summary]], *,
                   restarted: bool = True) -> Reconciled:
         """A (re)started store reports the copies on its disk (with their checksum, or better their summary).
@@ -345,6 +419,7 @@ class CatalogServer:
                 discard.extend(dead)
         return Reconciled(tuple(discard), tuple(quarantine))
 
+    @_counted
     def adopt(self, entries: Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]) -> Adopted:
         """Take the durable tier's committed snapshots (``DurableTier.list_committed()``) into the catalog.
 
@@ -377,6 +452,7 @@ class CatalogServer:
         return Adopted(tuple(added), tuple(held), tuple(skipped))
 
     # ---- read ----------------------------------------------------------------------------------------------
+    @_counted
     def lookup(self, policy_id: str, version: int | None = None) -> CatalogEntry:
         """The committed entry (the highest committed version when ``version`` is None)."""
         check_policy_id(policy_id)
@@ -400,23 +476,38 @@ class CatalogServer:
                     f"({versions[:10]}{' ...' if len(versions) > 10 else ''}, latest {row[0]})"
                 ) from None
 
-    def list(self, policy_id: str | None = None) -> list[CatalogEntry]:
-        """Every committed snapshot (or every one of ``policy_id``), by policy then version."""
+    @_counted
+    def list(self, policy_id: str | None = None, limit: int | None = None,
+             after: SnapshotId | tuple[str, int] | None = None) -> list[CatalogEntry]:
+        """Every committed snapshot (or every one of ``policy_id``), by policy then version.
+
+        Paged: at most ``limit`` entries, those after the snapshot id ``after`` in (policy, version) order; pass the
+        last entry's id back as ``after`` for the next page (an empty page is the end). The cursor need not exist
+        (a deleted version is a valid cursor), so paging never skips or repeats an entry."""
+        limit, cursor = _check_page(limit, after)
+        where, params = "state = ?", [COMMITTED]
+        if policy_id is not None:
+            self.lookup(policy_id)  # raises the right error for an unknown policy
+            where, params = f"pid = ? AND {where}", [policy_id, *params]
+        if cursor is not None:
+            where, params = f"(pid, version) > (?, ?) AND {where}", [*cursor, *params]
+        page = f" LIMIT {limit}" if limit is not None else ""
         with self._lock:
-            if policy_id is None:
-                rows = self._db.execute(f"{_ENTRY} WHERE state = ? ORDER BY pid, version", (COMMITTED,)).fetchall()
-                holder_rows = self._db.execute("SELECT pid, version, node FROM holders ORDER BY id").fetchall()
+            rows = self._db.execute(f"{_ENTRY} WHERE {where} ORDER BY pid, version{page}", params).fetchall()
+            if limit is None and cursor is None:
+                span, bounds = ("WHERE pid = ?", [policy_id]) if policy_id is not None else ("", [])
+            elif rows:  # only the holders of this page's range (the holders index covers it)
+                span, bounds = "WHERE (pid, version) BETWEEN (?, ?) AND (?, ?)", [*rows[0][:2], *rows[-1][:2]]
             else:
-                self.lookup(policy_id)  # raises the right error for an unknown policy
-                rows = self._db.execute(f"{_ENTRY} WHERE pid = ? AND state = ? ORDER BY version",
-                                        (policy_id, COMMITTED)).fetchall()
-                holder_rows = self._db.execute("SELECT pid, version, node FROM holders WHERE pid = ? ORDER BY id",
-                                               (policy_id,)).fetchall()
+                return []
+            holder_rows = self._db.execute(f"SELECT pid, version, node FROM holders {span} ORDER BY id",
+                                           bounds).fetchall()
         holders: dict[tuple[str, int], list[str]] = {}
         for pid, version, node in holder_rows:
             holders.setdefault((pid, version), []).append(node)
         return [_to_entry(row, holders.get((row[0], row[1]), ())) for row in rows]
 
+    @_counted
     def delete(self, policy_id: str, version: int | None = None) -> list[CatalogEntry]:
         """Remove one version or all of them; returns the removed entries (with their holders to clean up).
 
@@ -431,6 +522,7 @@ class CatalogServer:
         return entries
 
     # ---- watch ---------------------------------------------------------------------------------------------
+    @_counted  # outermost: Ray may look through the wrapper to the function, which must carry the group too
     @ray.method(concurrency_group=WATCH_GROUP)
     def watch(self, since: int, timeout_s: float, epoch: str | None = None) -> CatalogEvents:
         """Commits and deletes after event ``since``: at once if there are some, else when one happens or after

@@ -123,10 +123,11 @@ class ClusterSource:
         if self._shutdown is not None:
             self._shutdown()
 
-    def rows(self, policy_id: str | None = None) -> list[Row]:
+    def rows(self, policy_id: str | None = None, limit: int | None = None,
+             after: SnapshotId | None = None) -> list[Row]:
         merged: dict[SnapshotId, Row] = {}
         for node, store in self.stores.items():
-            for info in store.list(policy_id):
+            for info in store.list(policy_id, limit=limit, after=after):
                 row = merged.setdefault(info.id, Row(SnapshotId(*info.id), info.nbytes, info.checksum, info.meta,
                                                      info.created, tuple(info.holders)))
                 row.tiers[node] = info.tier
@@ -308,7 +309,7 @@ def open_source(args: argparse.Namespace) -> Source:
 
 # ---- commands ------------------------------------------------------------------------------------------------
 def cmd_ls(source: Source, args: argparse.Namespace, out: Output) -> int:
-    rows = _rows(source, args.policy)
+    rows = _rows(source, args.policy) if args.limit is None and args.after is None else _page(source, args)
     out.table(
         [r.to_json() for r in rows],
         ["policy", "version", "size", "tiers", "meta", "checksum", "holders"],
@@ -494,6 +495,22 @@ def _rows(source: Source, policy_id: str | None) -> list[Row]:
     return rows
 
 
+def _page(source: Source, args: argparse.Namespace) -> list[Row]:
+    """One page of ``ls``: at most ``--limit`` rows after ``--after`` (a cluster's catalog pages the list itself)."""
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    after = None
+    if args.after is not None:
+        policy_id, _, version = args.after.rpartition("@")
+        if not version.removeprefix("v").isdigit():
+            raise UsageError(f"--after takes a snapshot id POLICY@vVERSION (as ls prints), got {args.after!r}")
+        after = SnapshotId(check_policy_id(policy_id), check_version(int(version.removeprefix("v"))))
+    if isinstance(source, ClusterSource):
+        return source.rows(args.policy, args.limit, after)
+    rows = [row for row in _rows(source, args.policy) if after is None or row.id > after]
+    return rows[: args.limit]
+
+
 def _select(rows: list[Row], policy_id: str, version: int | None) -> Row:
     """The row of ``version`` (latest when None) among one policy's rows."""
     if version is None:
@@ -636,6 +653,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
     for name in ("ls", "verify", "du", "gc"):
         parsers[name].add_argument("policy", nargs="?", help="only this policy")
+    parsers["ls"].add_argument("--limit", type=int, metavar="N", help="at most N snapshots (one page)")
+    parsers["ls"].add_argument("--after", metavar="ID", help="only snapshots after ID (POLICY@vVERSION, e.g. the "
+                               "last of the previous page), in (policy, version) order")
     parsers["verify"].add_argument("version", nargs="?", type=int, help="only this version (needs POLICY)")
     for name in ("export", "rm"):
         parsers[name].add_argument("policy")

@@ -567,12 +567,16 @@ class PolicyStore:
         return self._follower.state()
 
     # ---- listing and maintenance ---------------------------------------------------------------------------
-    def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
-        """Every snapshot in the cluster (or of one policy), with where this node holds it."""
+    def list(self, policy_id: str | None = None, *, limit: int | None = None,
+             after: SnapshotId | tuple[str, int] | None = None) -> list[SnapshotInfo]:
+        """Every snapshot in the cluster (or of one policy), by policy then version, with where this node holds it.
+
+        Paged for big leagues: at most ``limit`` rows, those after the snapshot id ``after``; pass the last row's id
+        as ``after`` to get the next page (an empty page is the end). Without them, everything."""
         if policy_id is not None:
             check_policy_id(policy_id)
         self._live()
-        return self._call(StoreServer.list, policy_id)
+        return self._call(StoreServer.list, policy_id, limit, after)
 
     def stats(self) -> StoreStats:
         """This node's tiers and counters (``stats()["hits"]`` works too)."""

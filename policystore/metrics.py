@@ -28,6 +28,8 @@ COUNTERS: dict[str, str] = {
     "restores": "Snapshots copied back from this node's disk into shared memory.",
     "fetches": "Snapshots copied from another node's store or the durable tier.",
     "publishes": "New snapshots published through this node's store.",
+    "served": "Copies of snapshots this node's store handed to other nodes' stores (each node serves a bounded few "
+              "per snapshot: fan-out is a tree).",
     "corrupt_reads": "Copies that failed their checksum or identity check and were refused.",
     "durable_failures": "Failed calls into the durable tier from the upload queue (each is retried with backoff).",
 }

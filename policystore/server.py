@@ -20,6 +20,7 @@ The store holds bytes and names only: it never imports torch.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
@@ -48,11 +49,12 @@ from .errors import (
     UnknownPolicyError,
 )
 from .format import META_CREATED, META_POLICY, Header, parse_header, verify_buffer
+from .holders import HolderBatch
 from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
 from .metrics import COUNTERS, StoreMetrics
 from .protect import open_shared, shareable
-from .spill import TOMBSTONES, DiskTier, Expected, SpillFile
+from .spill import TOMBSTONES, DiskTier, Expected, Pending, SpillFile
 from .staging import StagingMaps
 from .watch import Feed
 from .wire import (
@@ -61,6 +63,7 @@ from .wire import (
     Holdings,
     HotSnapshot,
     Reconciled,
+    Served,
     SnapshotInfo,
     StoreEvents,
     StoreStats,
@@ -81,6 +84,10 @@ _FETCH_TIMEOUT_S = 120.0
 _CATALOG_RETRY_S = 60.0
 _CATALOG_DOWN = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
 _GAUGE_INTERVAL_S = 2.0
+# Copies of one snapshot a store hands to other nodes' stores before it points further fetchers at the nodes it
+# served: a new snapshot spreads as a tree (about log3(nodes) rounds) and no node sends more than this many.
+SERVES_PER_SNAPSHOT = 3
+HOLD_INTERVAL_S = 0.5  # the holder changes of one interval go to the catalog in one call
 
 
 @dataclass
@@ -166,6 +173,9 @@ class StoreServer:
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="policystore-spill")
         self._counters: Counter[str] = Counter()
+        self._served: dict[SnapshotId, list[str]] = {}  # per snapshot, the nodes this store handed a copy to
+        self.serves_per_snapshot = SERVES_PER_SNAPSHOT
+        self.holders = HolderBatch(self._send_holders, HOLD_INTERVAL_S)
         self.uploads = _open_queue(self)
         self._high: dict[str, int] = {}  # per policy, the highest version seen handed out (see ``holdings``)
         for found in self.disk.scan().entries:
@@ -374,7 +384,7 @@ class StoreServer:
                     self._withdraw(sid, entry)
                     raise
                 if self.durable is not None:
-                    self.catalog.hold.remote(policy_id, sid.version, DURABLE)
+                    self.holders.gained(sid, DURABLE)
             else:
                 ref = ray.put(shareable(buf))
                 landing.enter_context(self._landing(policy_id))
@@ -442,7 +452,11 @@ class StoreServer:
         return buf, parse_header(buf, name=str(sid))
 
     def _uploaded(self, sid: SnapshotId) -> None:
-        self.catalog.hold.remote(sid.policy_id, sid.version, DURABLE)
+        self.holders.gained(sid, DURABLE)
+
+    def _send_holders(self, gained: Sequence[tuple[SnapshotId, str]], dropped: Sequence[tuple[SnapshotId, str]]
+                      ) -> None:
+        ray.get(self.catalog.update_holders.remote(gained, dropped), timeout=self.config.call_timeout_s)
 
     def _local_ids(self) -> list[SnapshotId]:
         with self._lock:
@@ -575,49 +589,121 @@ class StoreServer:
                 entry.file = None
                 entry.spill_error = str(exc)
 
+    def serve(self, policy_id: str, version: int, requester: str, force: bool = False) -> Served:
+        """This node's copy of a snapshot for another node's store (``requester``) that fetches it.
+
+        Once this store has served ``SERVES_PER_SNAPSHOT`` nodes with this snapshot it answers with those nodes
+        instead (they hold it, or will as soon as their fetch lands: each serves in turn), so a new snapshot spreads
+        as a tree, not a star. ``force``: serve anyway (the requester found none of those nodes able to). A store
+        that is still fetching the snapshot serves once its own copy lands; it never starts a fetch for a peer."""
+        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+        with self._lock:
+            served = self._served.setdefault(sid, [])
+            fresh = requester not in served
+            if fresh and len(served) >= self.serves_per_snapshot and not force:
+                return Served(None, tuple(served))
+            if fresh:
+                served.append(requester)  # taken now, so that fetchers arriving meanwhile go elsewhere
+            entry = self._policies.get(policy_id, {}).get(version)
+            landing = self._inflight.get(sid)
+        try:
+            if entry is None and landing is None:
+                raise SnapshotLostError(f"node {self.node_id} holds no copy of {sid}")
+            hot = self._resolve(policy_id, version) if entry is not None else landing.result(_FETCH_TIMEOUT_S)
+        except BaseException:
+            with self._lock:
+                if fresh and requester in self._served.get(sid, ()):
+                    self._served[sid].remove(requester)
+            raise
+        if fresh:
+            with self._lock:
+                self._count("served")
+        return Served(hot)
+
     def _fetch(self, sid: SnapshotId, info: CatalogEntry) -> HotSnapshot:
         """Copy a snapshot this node lacks from a node that holds it (or the durable tier): once per node."""
-        problems = []
-        buf = None
-        for holder in [h for h in info.holders if h not in (self.node_id, DURABLE)]:
-            try:
-                peer = ray.get_actor(store_name(holder, self.league), namespace=NAMESPACE)
-                remote = ray.get(peer.resolve.remote(*sid), timeout=_FETCH_TIMEOUT_S)
-                # the bytes cross the network here, once
-                buf = open_shared(ray.get(remote.refs[0], timeout=_FETCH_TIMEOUT_S), strict=False)
-                verify_buffer(buf, name=f"{sid} from node {holder}")
-                break
-            except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
-                problems.append(f"node {holder}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                buf = None
-        if buf is None and self.uploads is not None:
+        problems: list[str] = []
+        copy = self._from_peers(sid, info, problems)
+        if copy is None and self.uploads is not None:
             expect = Expected(*sid, info.summary.checksum)
             try:
                 buf = self.uploads.call(lambda: self.durable.read(sid, expect), f"read {sid}")
+                copy = self._own_copy(sid, buf, info.summary.checksum, "the durable tier", verified=True)
+                del buf
             except (SnapshotLostError, DurableTierError, CorruptSnapshotError) as exc:
                 problems.append(f"durable tier: {str(exc).splitlines()[0][:300]}")
-        if buf is None:
+        if copy is None:
             raise SnapshotLostError(
                 f"{sid} is in the catalog but no live copy could be fetched "
                 f"(holders {list(info.holders) or 'none'}; {'; '.join(problems) or 'no durable tier'})"
             )
-        header = parse_header(buf, name=str(sid))
-        if header.checksum != info.summary.checksum:
-            raise CorruptSnapshotError(f"{sid}: fetched checksum {header.checksum} != catalog {info.summary.checksum}")
-        # this node's own copy: it does not depend on the source node staying alive
-        hot = HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))])
-        del buf
+        hot, header = copy
         entry = _Entry(header)
         with self._lock:
             self._policies.setdefault(sid.policy_id, {})[sid.version] = entry
             self.hot.add(sid, hot.refs[0], header.nbytes, hot.header)
             self._count("fetches")
             entry.pending = self._writer.submit(self._spill, sid, entry, hot.refs[0])
-        self.catalog.hold.remote(sid.policy_id, sid.version, self.node_id)
+        self.holders.gained(sid, self.node_id)
         return hot
 
-    def list(self, policy_id: str | None = None) -> list[SnapshotInfo]:
-        entries: list[CatalogEntry] = self._ask(self.catalog.list.remote(policy_id), "list")
+    def _from_peers(self, sid: SnapshotId, info: CatalogEntry, problems: list[str]
+                    ) -> tuple[HotSnapshot, Header] | None:
+        """This node's own copy, fetched from another node's store, or None (``problems`` says why).
+
+        The catalog's holders are asked in random order; one that has served its share points at the nodes it
+        served, which are asked next (so new holders are sources at once, before the catalog lists them). Only if
+        none of them can serve is a holder asked to serve beyond its share."""
+        ask = [h for h in info.holders if h not in (self.node_id, DURABLE)]
+        random.shuffle(ask)
+        asked: set[str] = set()
+        full: list[str] = []  # holders that pointed elsewhere: asked again, with force, as a last resort
+        while ask or full:
+            force = not ask
+            holder = ask.pop(0) if ask else full.pop(0)
+            if holder in asked and not force:
+                continue
+            asked.add(holder)
+            try:
+                peer = ray.get_actor(store_name(holder, self.league), namespace=NAMESPACE)
+                served: Served = ray.get(peer.serve.remote(*sid, self.node_id, force), timeout=_FETCH_TIMEOUT_S)
+                if served.snapshot is None:
+                    full.append(holder)
+                    ask.extend(random.sample(others := [n for n in served.instead if n not in asked
+                                                        and n != self.node_id], len(others)))
+                    continue
+                # the bytes cross the network here, once
+                buf = open_shared(ray.get(served.snapshot.refs[0], timeout=_FETCH_TIMEOUT_S), strict=False)
+                try:
+                    return self._own_copy(sid, buf, info.summary.checksum, f"node {holder}")
+                finally:
+                    del buf
+            except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
+                problems.append(f"node {holder}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        return None
+
+    def _own_copy(self, sid: SnapshotId, buf: np.ndarray, checksum: str, source: str, *,
+                  verified: bool = False) -> tuple[HotSnapshot, Header]:
+        """This node's own copy of a fetched buffer: it does not depend on the source staying alive. The checksum
+        runs while the copy into the object store does (unless ``verified`` already); a copy that fails it is
+        dropped and CorruptSnapshotError raised."""
+        what = f"{sid} from {source}"
+        header = parse_header(buf, name=what)
+        if header.checksum != checksum:
+            raise CorruptSnapshotError(f"{what}: checksum {header.checksum} != catalog {checksum}")
+        pending = Pending() if verified else Pending(buf, header, what)
+        try:
+            hot = HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))])
+        finally:
+            pending.join()
+        pending.wait()
+        return hot, header
+
+    def list(self, policy_id: str | None = None, limit: int | None = None,
+             after: SnapshotId | None = None) -> list[SnapshotInfo]:
+        """The catalog's entries (one page of them with ``limit``/``after``: ``CatalogServer.list``) with where this
+        node holds each."""
+        entries: list[CatalogEntry] = self._ask(self.catalog.list.remote(policy_id, limit, after), "list")
         rows = []
         with self._lock:
             for e in entries:
@@ -657,6 +743,8 @@ class StoreServer:
                 durable_pending=self.uploads.pending() if self.uploads is not None else 0,
                 durable_failures=self.uploads.failures if self.uploads is not None else 0,
                 durable_error=self.uploads.last_error if self.uploads is not None else None,
+                served=self._counters["served"],
+                served_max_per_snapshot=max(map(len, self._served.values()), default=0),
                 **{k: self._counters[k] for k in (
                     "hits", "misses", "evictions", "restores", "fetches", "publishes", "spill_errors", "corrupt_reads"
                 )},
@@ -697,8 +785,11 @@ class StoreServer:
         with self._lock:
             entry = self._policies.get(policy_id, {}).pop(version, None)
             self.hot.remove(SnapshotId(policy_id, version))
+            self._served.pop(SnapshotId(policy_id, version), None)
             if policy_id in self._policies and not self._policies[policy_id]:
                 del self._policies[policy_id]
+        if entry is not None:
+            self.holders.dropped(SnapshotId(policy_id, version), self.node_id)
         if self.uploads is not None:
             self.uploads.cancel(SnapshotId(policy_id, version))
         if entry is not None and entry.file is not None:
@@ -767,7 +858,8 @@ class StoreServer:
         return VerifyReport(sid, found["hot"], found["disk"], found["durable"], tuple(problems), healed)
 
     def flush(self, used: Sequence[SnapshotId] = ()) -> int:
-        """Wait until every background spill (and the startup reconcile) has finished; returns how many.
+        """Wait until every background spill (and the startup reconcile) has finished and the holder changes queued
+        so far have reached the catalog; returns how many spills.
         ``used``: pushed snapshots the caller opened and has not told yet (see ``watch``)."""
         self._used(used)
         self._reconciled.result()
@@ -775,6 +867,7 @@ class StoreServer:
             pending = [e.pending for _, e in self._items_locked() if e.pending is not None]
         for future in pending:
             future.result()
+        self.holders.flush(self.config.call_timeout_s)
         return len(pending)
 
     def _ask(self, ref: ray.ObjectRef, call: str) -> Any:

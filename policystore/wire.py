@@ -64,6 +64,15 @@ class HotSnapshot:
 
 
 @dataclass(frozen=True)
+class Served:
+    """A store's answer to another node's store that fetches a snapshot from it (``StoreServer.serve``): its copy,
+    or, once it has served its share of that snapshot, the nodes it served (they hold it, or will in a moment)."""
+
+    snapshot: HotSnapshot | None
+    instead: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class StoreEvents:
     """One answer to ``StoreServer.watch``: the node's view of the league since event ``since``.
 
@@ -134,6 +143,8 @@ class StoreStats:
     durable_pending: int = 0  # snapshots on this node's disk whose durable upload is queued or retrying
     durable_failures: int = 0  # failed calls into the durable tier (uploads, tombstones) since the store started
     durable_error: str | None = None  # the last of them, until a call succeeds again
+    served: int = 0  # copies of snapshots this store handed to other nodes' stores
+    served_max_per_snapshot: int = 0  # the most nodes it handed any one snapshot to (bounded: a fan-out tree)
 
     def __getitem__(self, name: str) -> Any:  # stats()["hits"] keeps working for scripts written against dicts
         return getattr(self, name)
@@ -212,3 +223,4 @@ class CatalogHealth:
     policies: int
     snapshots: int
     reserved: int  # versions reserved and not (yet) committed or aborted
+    calls: dict[str, int] = field(default_factory=dict)  # calls received since this start, by method (health aside)

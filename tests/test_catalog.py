@@ -27,6 +27,7 @@ from policystore.errors import (
     CatalogDatabaseError,
     DiskFullError,
     InvalidMetaError,
+    InvalidOptionError,
     InvalidPolicyIdError,
     InvalidWeightsError,
     PolicyStoreError,
@@ -201,6 +202,57 @@ def test_holders_follow_hold_drop_and_delete(open_catalog):
     catalog.hold("p", 1, "n3")  # a late hold of a deleted snapshot changes nothing
     catalog.publish("p", "n1", summary())
     assert catalog.lookup("p").holders == ("n1",)
+
+
+def test_batched_holder_changes_land_in_one_call_and_bad_ones_write_nothing(open_catalog):
+    catalog = open_catalog()
+    for pid in ("p", "q"):
+        catalog.publish(pid, "n1", summary())
+    catalog.update_holders(gained=[(SnapshotId("p", 1), "n2"), (("q", 1), "n2"), (("q", 1), DURABLE)],
+                           dropped=[(("p", 1), "n1")])
+    assert catalog.lookup("p").holders == ("n2",)
+    assert catalog.lookup("q").holders == ("n1", "n2", DURABLE)
+    for bad in ([(("q", 0), "n3")], [(("q", 1), "")], [("q", 1, "n3")], [None]):
+        with pytest.raises(PolicyStoreError):
+            catalog.update_holders(gained=[(("p", 1), "n3"), *bad])
+    assert catalog.lookup("p").holders == ("n2",)  # checked before anything is written
+    catalog.update_holders(gained=[(("p", 9), "n3")])  # a holder of a version that does not exist: nothing
+    assert [e.holders for e in catalog.list()] == [("n2",), ("n1", "n2", DURABLE)]
+    calls = catalog.health().calls
+    assert calls["update_holders"] == 6 and calls["publish"] == 2 and "hold" not in calls
+
+
+def test_list_pages_every_entry_exactly_once_in_order(open_catalog):
+    catalog = open_catalog()
+    rng = random.Random(7)
+    for i in range(60):  # interleaved policies, some versions deleted, holders on some
+        pid = rng.choice(["a", "b.x", "B", "c-1"])
+        sid = catalog.publish(pid, f"n{i % 3}", summary()).id
+        if i % 5 == 0:
+            catalog.hold(*sid, "n9")
+        if i % 7 == 0:
+            catalog.delete(*sid)
+    everything = catalog.list()
+    assert [e.id for e in everything] == sorted(e.id for e in everything)
+    for policy_id in (None, "b.x"):
+        expected = catalog.list(policy_id)
+        for limit in (1, 3, 7, 1000):
+            pages, after = [], None
+            while page := catalog.list(policy_id, limit=limit, after=after):
+                assert len(page) <= limit
+                pages.extend(page)
+                after = page[-1].id
+            assert pages == expected  # every entry once, in order, with its holders
+        assert catalog.list(policy_id, after=("b.x", 3)) == [e for e in expected if e.id > ("b.x", 3)]
+    assert catalog.list(after=everything[-1].id) == []
+    calls = catalog.health().calls["list"]
+    with pytest.raises(UnknownPolicyError):
+        catalog.list("nobody", limit=2)
+    for limit, after in ((0, None), (-1, None), (True, None), ("2", None), (2.0, None), (None, "a@v1"),
+                         (None, ("a",)), (None, ("a", 0)), (None, ("../x", 1)), (None, 5)):
+        with pytest.raises(InvalidOptionError):
+            catalog.list(limit=limit, after=after)
+    assert catalog.health().calls["list"] == calls + 11  # a call of list that calls lookup counts once
 
 
 # ---- reconcile and adopt -------------------------------------------------------------------------------------

@@ -81,6 +81,24 @@ def test_offline_ls_verify_export_du_stats(capsys, durable_dir, tmp_path):
     assert code == EXIT_OK and json.loads(out)[0]["snapshots"] == 4
 
 
+def test_ls_pages_with_limit_and_after(capsys, durable_dir):
+    ids, after = [], []
+    while True:
+        code, out = run_cli(capsys, "--dir", str(durable_dir), "ls", "--json", "--limit", "3", *after)
+        assert code == EXIT_OK
+        page = [f"{r['policy_id']}@v{r['version']}" for r in json.loads(out)]
+        if not page:
+            break
+        assert len(page) <= 3
+        ids.extend(page)
+        after = ["--after", page[-1]]
+    assert ids == ["expl@v1", "main_0@v1", "main_0@v2", "main_0@v3"]
+    code, out = run_cli(capsys, "--dir", str(durable_dir), "ls", "main_0", "--json", "--after", "main_0@1")
+    assert [r["version"] for r in json.loads(out)] == [2, 3]
+    for bad in (["--limit", "0"], ["--after", "main_0"], ["--after", "../x@v1"], ["--after", "main_0@v0"]):
+        assert run_cli(capsys, "--dir", str(durable_dir), "ls", *bad)[0] == EXIT_USAGE, bad
+
+
 def test_offline_verify_finds_damage(capsys, durable_dir):
     marker = json.loads((durable_dir / "main_0" / "0000000003.commit.json").read_text())
     data = durable_dir / "main_0" / marker["object"]

@@ -133,6 +133,33 @@ def test_publish_on_one_node_fetch_once_per_node_and_agree(cluster):
     assert ray.get(on(d).get.remote("agree", 1)) == (1, 1.0, 1.0)
 
 
+def test_fanout_is_a_tree_with_bounded_serves_and_batched_holds(cluster):
+    """With each store allowed to serve one node per snapshot, the second fetcher is pointed at the first: its copy
+    comes from a node that is not the publisher, and no node serves more than its share. The holders reach the
+    catalog in batches (update_holders), never one hold per fetch."""
+    c, _, _ = cluster
+    a, b, d = node_ids(c)
+    stores = [ray.get_actor(store_name(n), namespace=NAMESPACE) for n in (a, b, d)]
+    catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+    ray.get([s.__ray_call__.remote(lambda self: setattr(self, "serves_per_snapshot", 1)) for s in stores])
+    try:
+        assert ray.get(on(a).publish.remote("tree", 4, mib=4)) == 1
+        before = [ray.get(s.stats.remote()) for s in stores]
+        calls_before = ray.get(catalog.health.remote()).calls
+        assert ray.get([on(n).get.remote("tree") for n in (b, d)]) == [(1, 4.0, 4.0)] * 2
+        after = [ray.get(s.stats.remote()) for s in stores]
+        served = [x.served - y.served for x, y in zip(after, before, strict=True)]
+        assert [x.fetches - y.fetches for x, y in zip(after, before, strict=True)] == [0, 1, 1]
+        assert served[0] == 1 and sorted(served[1:]) == [0, 1]  # one fetcher was served by the other
+        ray.get([s.flush.remote() for s in stores])
+        assert {a, b, d} <= set(policystore.connect(node_id=a).list("tree")[0].holders)
+        calls = ray.get(catalog.health.remote()).calls
+        assert calls.get("hold", 0) == calls_before.get("hold", 0)
+        assert calls["update_holders"] > calls_before.get("update_holders", 0)
+    finally:
+        ray.get([s.__ray_call__.remote(lambda self: setattr(self, "serves_per_snapshot", 3)) for s in stores])
+
+
 def test_copies_survive_the_loss_of_the_publishing_node(cluster):
     c, _, _ = cluster
     a, b, d = node_ids(c)
@@ -183,6 +210,32 @@ def test_kill_during_publish_leaves_the_snapshot_whole_or_absent(cluster):
         policystore.connect(node_id=d).verify("halfway")
     else:
         assert not published
+
+
+def test_kill_during_fetch_leaves_the_copy_whole_or_absent(cluster):
+    """A store SIGKILLed while it fetches (its miss counted, its copy not yet recorded) comes back with the copy
+    whole or absent: the catalog lists it as a holder only with a copy that verifies, and a new get is whole."""
+    c, _, _ = cluster
+    a, b, _ = node_ids(c)
+    ray.get(on(a).publish.remote("fetched_midway", 6, mib=96))
+    reader = on(b)
+    store = ray.get_actor(store_name(b), namespace=NAMESPACE)
+    misses = ray.get(store.stats.remote()).misses
+    pending = reader.get.remote("fetched_midway")
+    deadline = time.monotonic() + 60
+    while ray.get(store.stats.remote()).misses == misses:  # the fetch has begun
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(ray.get(store.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+    try:
+        assert ray.get(pending) == (1, 6.0, 6.0)  # retried through the restart, or done before the kill
+    except (ray.exceptions.RayError, policystore.PolicyStoreError):
+        pass
+    again = policystore.connect(node_id=b)
+    again.flush()
+    if b in again.list("fetched_midway")[0].holders:
+        assert again.verify("fetched_midway").ok
+    assert ray.get(on(b).get.remote("fetched_midway")) == (1, 6.0, 6.0)
 
 
 def test_12_readers_never_see_a_torn_snapshot_while_a_learner_publishes(cluster):

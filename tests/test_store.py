@@ -455,6 +455,25 @@ def test_delete_frees_the_version_for_good(make_store):
     assert not (Path(store.stats()["spill_dir"]) / "p" / "0000000003.safetensors").exists()
 
 
+def test_list_pages_through_the_store_and_refuses_bad_cursors(make_store):
+    store = make_store()
+    for pid in ("b", "a", "b", "c", "a", "b"):
+        store.publish(pid, net().state_dict())
+    store.delete("b", version=2)
+    everything = store.list()
+    assert [tuple(i.id) for i in everything] == [("a", 1), ("a", 2), ("b", 1), ("b", 3), ("c", 1)]
+    pages, after = [], None
+    while page := store.list(limit=2, after=after):
+        pages.append([tuple(i.id) for i in page])
+        after = page[-1].id
+    assert pages == [[("a", 1), ("a", 2)], [("b", 1), ("b", 3)], [("c", 1)]]
+    assert [i.id.version for i in store.list("b", limit=5, after=("b", 1))] == [3]
+    assert store.list("b", after=("b", 2)) == store.list("b")[1:]  # a deleted version is a valid cursor
+    for limit, after in ((0, None), (False, None), ("3", None), (None, "b@v1"), (None, ("b", -1))):
+        with pytest.raises(policystore.PolicyStoreError):
+            store.list(limit=limit, after=after)
+
+
 def test_bad_weights_and_oversized_snapshots_lose_nothing(make_store):
     store = make_store(hot_capacity_bytes=2 * MiB)
     store.publish("keep", weights_of_mib(1))
