@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from policystore.server import SERVES_PER_SNAPSHOT
+
 from . import harness
 from .harness import MiB
 
@@ -269,8 +271,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = harness.make_parser("cluster_model", __doc__)
     parser.add_argument("--nodes", type=int, default=8, help="local cluster to predict (and measure) (%(default)s)")
     parser.add_argument("--sizes-mib", type=harness.int_list, default=[64, 256], help="(%(default)s)")
-    parser.add_argument("--max-serving", type=int, default=3, help="tree: copies a source serves at once")
-    parser.add_argument("--max-served", type=int, default=3, help="tree: copies a source serves per snapshot")
+    parser.add_argument("--max-serving", type=int, default=SERVES_PER_SNAPSHOT,
+                        help="tree: copies a source serves at once (%(default)s: it serves every fetcher it takes)")
+    parser.add_argument("--max-served", type=int, default=SERVES_PER_SNAPSHOT,
+                        help="tree: copies a source serves per snapshot (%(default)s: the store's share)")
     parser.add_argument("--holder-delay-s", type=float, default=0.0,
                         help="tree: from a node's copy being whole to others fetching from it (%(default)s)")
     parser.add_argument("--calibrate-mib", type=int, default=64, help="transfer size for calibration")
@@ -292,8 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.measure:  # benchmarks.scale's fan-out rows ("fanout"), after the predictions were written
         from . import scale
 
-        for mib in args.sizes_mib:
-            scale.fanout(results, argparse.Namespace(nodes=args.nodes, fanout_mib=mib, fanout_rounds=3))
+        scale.fanout(results, argparse.Namespace(nodes=args.nodes, fanout_mib=args.sizes_mib, fanout_rounds=3,
+                                                 serves_per_snapshot=0))
     league = League()
     network = replace(costs, node_bps=league.nic_bps, fabric_bps=math.inf,
                       stream_bps=max(costs.stream_bps, league.nic_bps))
