@@ -56,6 +56,7 @@ from .errors import (
     UnknownPolicyError,
     UnknownVersionError,
 )
+from .format import check_meta
 from .ids import SnapshotId, check_policy_id, check_version
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Summary
 
@@ -65,8 +66,6 @@ WATCH_GROUP = "watch"
 # One thread per concurrent long poll (one per node's store). A watcher beyond these waits in line, for at most
 # one timeout of the polls ahead of it.
 CONCURRENCY_GROUPS = {WATCH_GROUP: 64}
-MAX_META_BYTES = 64 * 1024
-MAX_META_DEPTH = 16
 VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version counter
 MAX_WATCH_S = 60.0
 MAX_EVENTS = 1000  # per watch answer; the watcher asks again from the answer's seq
@@ -79,28 +78,6 @@ REBUILD_WAIT_S = 30.0  # how long a catalog with a new database waits for the li
 _ENTRY = "SELECT pid, version, nbytes, checksum, meta, created, durable FROM snapshots"
 
 
-def meta_json(meta: Any) -> str:
-    """``meta`` as compact JSON, or InvalidMetaError if it is not a str-keyed JSON object within the bounds."""
-    if not isinstance(meta, dict):
-        raise InvalidMetaError(f"meta must be a dict, got {type(meta).__name__}")
-    stack = [(meta, 1)]
-    while stack:  # iterative: a deep meta must not exhaust the interpreter's stack before it is refused
-        value, depth = stack.pop()
-        if depth > MAX_META_DEPTH:
-            raise InvalidMetaError(f"meta is nested deeper than {MAX_META_DEPTH} levels")
-        if isinstance(value, dict) and not all(isinstance(key, str) for key in value):
-            raise InvalidMetaError(f"meta keys must be str (JSON would turn them into str): {list(value)[:5]}")
-        children = value.values() if isinstance(value, dict) else value
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    try:
-        text = json.dumps(meta, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidMetaError(f"meta is not JSON: {exc}") from None
-    if len(text.encode()) > MAX_META_BYTES:
-        raise InvalidMetaError(f"meta is {len(text.encode())} bytes as JSON, over the {MAX_META_BYTES}-byte limit")
-    return text
-
-
 def _check_summary(summary: Any) -> str:
     """Validate a store's summary before anything is written; returns its meta as JSON."""
     if not isinstance(summary, Summary):
@@ -111,7 +88,9 @@ def _check_summary(summary: Any) -> str:
         raise InvalidWeightsError(f"summary.checksum must be a non-empty str, got {summary.checksum!r}")
     if not isinstance(summary.created, (int, float)) or not isinstance(summary.durable, bool):
         raise InvalidWeightsError(f"summary.created must be a number and durable a bool: {summary!r}")
-    return meta_json(summary.meta)
+    if not isinstance(summary.meta, dict):
+        raise InvalidMetaError(f"summary.meta must be a dict, got {type(summary.meta).__name__}")
+    return check_meta(summary.meta)
 
 
 def _check_reports(entries: Sequence[tuple[Any, Any]], to_summary: Callable[[Any], Any],
@@ -294,9 +273,9 @@ class CatalogServer:
         with self._write(durable=False) as db:
             db.execute("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?", (*sid, node_id))
 
-    def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, str | Summary]], *,
+    def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, Summary]], *,
                   restarted: bool = True) -> Reconciled:
-        """A (re)started store reports the copies on its disk (with their checksum, or better their summary).
+        """A (re)started store reports the copies on its disk, each with its summary.
 
         Answers which to discard (reserved by this node and never committed: a publish killed midway; aborted;
         deleted while the store was away) and which to quarantine (another checksum than the catalog's, or a
@@ -309,8 +288,7 @@ class CatalogServer:
         store removes whatever that publish left). False when a running store re-registers with a new catalog.
         """
         _check_node(node_id)
-        reports, quarantine = _check_reports(
-            held, lambda what: what if isinstance(what, Summary) else Summary(0, what, {}, 0.0, False))
+        reports, quarantine = _check_reports(held, lambda summary: summary)
         discard, kept = [], set()
         with self._write(durable=True) as db:
             for sid, summary, meta in reports:

@@ -575,7 +575,7 @@ class PolicyStore:
         return self._call(StoreServer.list, policy_id)
 
     def stats(self) -> StoreStats:
-        """This node's tiers and counters (``stats()["hits"]`` works too)."""
+        """This node's tiers and counters."""
         self._live()
         return self._call(StoreServer.stats)
 

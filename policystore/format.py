@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import crc32c
 import numpy as np
 
-from .errors import CorruptSnapshotError, InvalidWeightsError, PolicyStoreError
+from .errors import CorruptSnapshotError, InvalidMetaError, InvalidWeightsError, PolicyStoreError
 
 if TYPE_CHECKING:
     import torch
@@ -134,12 +134,12 @@ def _torch_code(dtype: Any) -> str | None:
 
 
 def check_meta(meta: Mapping[str, Any] | None) -> str:
-    """The user's meta as canonical JSON, or InvalidWeightsError naming what would not round-trip exactly (or is
+    """The user's meta as canonical JSON, or InvalidMetaError naming what would not round-trip exactly (or is
     nested deeper than MAX_META_DEPTH, or longer than MAX_META_BYTES as JSON). Iterative: any depth is safe."""
     if meta is None:
         return "{}"
     if not isinstance(meta, Mapping):
-        raise InvalidWeightsError(f"meta must be a mapping with str keys, got {type(meta).__name__}")
+        raise InvalidMetaError(f"meta must be a mapping with str keys, got {type(meta).__name__}")
     meta = dict(meta)
     stack: list[tuple[str, Any, int]] = [("meta", meta, 1)]
     while stack:  # iterative: a deeply nested meta must not blow the interpreter's stack
@@ -147,7 +147,7 @@ def check_meta(meta: Mapping[str, Any] | None) -> str:
         if isinstance(value, dict):
             for key in value:
                 if type(key) is not str:
-                    raise InvalidWeightsError(
+                    raise InvalidMetaError(
                         f"{path} has key {key!r} of type {type(key).__name__}: meta keys must be str "
                         "(JSON would turn it into a string)"
                     )
@@ -158,23 +158,23 @@ def check_meta(meta: Mapping[str, Any] | None) -> str:
             continue
         elif type(value) is float:
             if not math.isfinite(value):
-                raise InvalidWeightsError(f"{path} is {value}: meta must be strict JSON (no NaN or infinity)")
+                raise InvalidMetaError(f"{path} is {value}: meta must be strict JSON (no NaN or infinity)")
             continue
         else:
-            raise InvalidWeightsError(
+            raise InvalidMetaError(
                 f"{path} is a {type(value).__name__}: meta values must be JSON types (dict, list, str, int, float, "
                 "bool, None); anything else would not come back as it went in"
             )
         if depth > MAX_META_DEPTH:
-            raise InvalidWeightsError(f"meta is nested deeper than {MAX_META_DEPTH} levels (at {path})")
+            raise InvalidMetaError(f"meta is nested deeper than {MAX_META_DEPTH} levels (at {path})")
         stack.extend((child, v, depth + 1) for child, v in children)
     try:
         text = json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except ValueError as exc:  # e.g. an int too long to print
-        raise InvalidWeightsError(f"meta cannot be written as JSON: {exc}") from None
+        raise InvalidMetaError(f"meta cannot be written as JSON: {exc}") from None
     size = len(text.encode())
     if size > MAX_META_BYTES:
-        raise InvalidWeightsError(
+        raise InvalidMetaError(
             f"meta is {size} bytes as JSON, more than the {MAX_META_BYTES}-byte limit: keep large data elsewhere"
         )
     return text

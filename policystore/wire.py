@@ -135,9 +135,6 @@ class StoreStats:
     durable_failures: int = 0  # failed calls into the durable tier (uploads, tombstones) since the store started
     durable_error: str | None = None  # the last of them, until a call succeeds again
 
-    def __getitem__(self, name: str) -> Any:  # stats()["hits"] keeps working for scripts written against dicts
-        return getattr(self, name)
-
 
 @dataclass(frozen=True)
 class VerifyReport:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from policystore import catalogdb
-from policystore.catalog import CONCURRENCY_GROUPS, MAX_META_BYTES, VERSION_BLOCK, CatalogServer
+from policystore.catalog import CONCURRENCY_GROUPS, VERSION_BLOCK, CatalogServer
 from policystore.config import StoreConfig
 from policystore.errors import (
     CatalogDatabaseError,
@@ -33,6 +33,7 @@ from policystore.errors import (
     UnknownPolicyError,
     UnknownVersionError,
 )
+from policystore.format import MAX_META_BYTES
 from policystore.ids import SnapshotId
 from policystore.wire import DURABLE, Holdings, Summary
 
@@ -167,11 +168,11 @@ def test_lookup_errors_name_the_problem(open_catalog):
 @pytest.mark.parametrize(
     "meta, match",
     [
-        ({"blob": "x" * MAX_META_BYTES}, "over the 65536-byte limit"),
+        ({"blob": "x" * MAX_META_BYTES}, "65536-byte limit"),
         (json.loads('{"a":' * 17 + "1" + "}" * 17), "deeper than 16"),
         ({1: "one"}, "keys must be str"),
-        ({"x": float("nan")}, "not JSON"),
-        ({"x": object()}, "not JSON"),
+        ({"x": float("nan")}, "strict JSON"),
+        ({"x": object()}, "must be JSON types"),
         (["not", "a", "dict"], "must be a dict"),
     ],
 )
@@ -215,17 +216,19 @@ def test_reconcile_discards_what_was_never_committed_and_quarantines_conflicts(o
     old_session = SnapshotId("q", 9)
     gone = catalog.publish("p", "n1", summary("crc32c:06")).id  # n1 no longer has it
     answer = catalog.reconcile("n1", [
-        (good, "crc32c:01"),
-        (swapped, "crc32c:01"),  # another version's bytes under this name
-        (deleted, "crc32c:03"),
-        (killed, "crc32c:04"),
-        (elsewhere, "crc32c:05"),
+        (good, summary("crc32c:01")),
+        (swapped, summary("crc32c:01")),  # another version's bytes under this name
+        (deleted, summary("crc32c:03")),
+        (killed, summary("crc32c:04")),
+        (elsewhere, summary("crc32c:05")),
         (old_session, Summary(42, "crc32c:09", {"step": 9}, 5.0, False)),
         (SnapshotId("r", 1), summary(meta={"x": "y" * MAX_META_BYTES})),
+        (SnapshotId("r", 2), "crc32c:07"),  # a bare checksum is no report: only summaries are taken
     ])
     assert set(answer.discard) == {deleted, killed}
-    assert {sid for sid, _ in answer.quarantine} == {swapped, elsewhere, SnapshotId("r", 1)}
+    assert {sid for sid, _ in answer.quarantine} == {swapped, elsewhere, SnapshotId("r", 1), SnapshotId("r", 2)}
     reasons = dict(answer.quarantine)
+    assert "takes a wire.Summary, got str" in reasons[SnapshotId("r", 2)]
     assert "differs from the catalog's crc32c:02" in reasons[swapped]
     assert "being published by node n2" in reasons[elsewhere]
     assert catalog.lookup("p", swapped.version).holders == ()  # its copy is not counted as a copy

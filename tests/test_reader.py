@@ -48,7 +48,7 @@ def test_reads_what_a_real_store_wrote(make_store, tmp_path):
     for (pid, _), w in published.items():
         store.publish(pid, w, meta={"seed": int(w["steps"])})
     store.flush()
-    folder = open_folder(store.stats()["spill_dir"])
+    folder = open_folder(store.stats().spill_dir)
 
     infos = {tuple(i.id): i for i in folder.list()}
     recorded = {tuple(i.id): i for i in store.list()}
