@@ -17,7 +17,8 @@ from benchmarks.nets import NetSpec, random_weights
 from policystore import protect
 from policystore.format import compute_checksum, pack, parse_header, verify_buffer
 from policystore.memory import MiB
-from policystore.views import build_on_views, fast_reads, tensor_views
+from policystore.modules import build_on_views
+from policystore.views import fast_reads, tensor_views
 
 SIZES = [1, 16]
 

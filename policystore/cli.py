@@ -33,9 +33,8 @@ from .errors import (
     UnknownPolicyError,
     UnknownVersionError,
 )
-from .format import META_USER
+from .format import META_USER, Expected
 from .ids import SnapshotId, check_policy_id, check_version
-from .spill import Expected
 from .wire import DURABLE
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2

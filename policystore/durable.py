@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,8 +46,18 @@ from .errors import (
     InvalidWeightsError,
     SnapshotLostError,
 )
-from .format import META_CREATED, META_POLICY, Header, checksum_of, iter_data, verify_buffer
+from .format import (
+    META_CREATED,
+    META_POLICY,
+    Expected,
+    Header,
+    check_data,
+    check_identity,
+    iter_data,
+    verify_buffer,
+)
 from .ids import SnapshotId, check_policy_id, check_version
+from .wire import Summary
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +71,6 @@ _TMP_PREFIX = ".tmp-"
 _RENAMES = {"local", "hdfs"}
 
 
-class Expectation(Protocol):
-    """What the catalog recorded about a snapshot; a durable copy must match it to be served."""
-
-    policy_id: str
-    version: int
-    checksum: str
-
-
 @dataclass(frozen=True)
 class Commit:
     """The content of a commit marker: which data object holds the snapshot, and what it must hash to."""
@@ -77,7 +79,7 @@ class Commit:
     version: int
     object: str  # data object name, in the policy's folder
     nbytes: int
-    checksum: str  # the snapshot's recorded checksum ("crc32c:..." or "crc32:...")
+    checksum: str  # the snapshot's recorded checksum
     meta: dict[str, Any]
     created: float
     layout: int = LAYOUT
@@ -86,10 +88,9 @@ class Commit:
     def id(self) -> SnapshotId:
         return SnapshotId(self.policy_id, self.version)
 
-    def summary(self) -> dict[str, Any]:
-        """The fields of ``wire.Summary``: what a catalog records for the snapshot."""
-        return {"nbytes": self.nbytes, "checksum": self.checksum, "meta": self.meta, "created": self.created,
-                "durable": True}
+    def summary(self) -> Summary:
+        """What a catalog records for the snapshot."""
+        return Summary(self.nbytes, self.checksum, self.meta, self.created, durable=True)
 
 
 class DurableTier:
@@ -164,12 +165,8 @@ class DurableTier:
         committing = False
         try:
             _io(lambda: self.fs.create_dir(folder, recursive=True), f"create {folder} for {what}")
-            actual = _io(lambda: self._upload(path, buf, header), f"upload {path} for {what}")
-            if actual != header.checksum:
-                raise CorruptSnapshotError(
-                    f"{what}: checksum mismatch while uploading (recorded {header.checksum}, computed {actual}): "
-                    "its shared-memory copy was written to after publish"
-                )
+            _io(lambda: self._upload(path, buf, header, f"{what} (while uploading: its shared-memory copy was "
+                                                        "written to)"), f"upload {path} for {what}")
             stored = _io(lambda: self.fs.get_file_info(path), f"check {path} for {what}")
             if stored.size != header.nbytes:
                 raise DurableTierError(f"{what}: stored object {path} is {stored.size} bytes, wrote {header.nbytes}")
@@ -202,8 +199,8 @@ class DurableTier:
                     return
         self._delete_quietly(path)
 
-    def _upload(self, path: str, buf: np.ndarray, header: Header) -> str:
-        """Stream the buffer to a new object, checksumming what leaves; returns the checksum of the data."""
+    def _upload(self, path: str, buf: np.ndarray, header: Header, what: str) -> None:
+        """Stream the buffer to a new object, checking the checksum of what leaves (CorruptSnapshotError)."""
         with self.fs.open_output_stream(path) as out:
             out.write(memoryview(buf).cast("B")[: header.data_offset])
 
@@ -212,9 +209,8 @@ class DurableTier:
                     out.write(chunk)
                     yield chunk
 
-            actual = checksum_of(header, sent())
+            check_data(header, sent(), what)
         _sync_local(self.fs, path)
-        return actual
 
     def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:
         self._put_small(self._marker_path(sid), json.dumps(asdict(commit), sort_keys=True).encode())
@@ -243,7 +239,7 @@ class DurableTier:
         return _io(lambda: self.fs.get_file_info(path),
                    f"check whether {sid} was deleted ({path})").type == pafs.FileType.File
 
-    def read(self, sid: SnapshotId, expect: Expectation | None = None) -> np.ndarray:
+    def read(self, sid: SnapshotId, expect: Expected | None = None) -> np.ndarray:
         """The committed snapshot's bytes, verified against its marker (and ``expect``, the catalog's record).
 
         SnapshotLostError if ``sid`` is not committed here; CorruptSnapshotError if the data object is missing,
@@ -273,15 +269,11 @@ class DurableTier:
             raise DurableTierError(f"cannot read {path} for {what}: {_first_line(exc)}") from None
         if len(buf) != commit.nbytes:
             raise CorruptSnapshotError(f"{what}: read {len(buf)} of {commit.nbytes} bytes from {path}")
-        header = verify_buffer(buf, name=what)
-        if header.checksum != commit.checksum or header.metadata.get(META_POLICY) != sid.policy_id:
-            raise CorruptSnapshotError(
-                f"{what}: {path} holds {header.metadata.get(META_POLICY)!r} with {header.checksum}, "
-                f"the commit names {sid.policy_id!r} with {commit.checksum}"
-            )
+        check_identity(verify_buffer(buf, name=what), sid, Expected(*sid, commit.checksum), f"{what} at {path}",
+                       versioned=False)
         return buf
 
-    def list_committed(self, skipped: list[str] | None = None) -> list[tuple[SnapshotId, dict[str, Any]]]:
+    def list_committed(self, skipped: list[str] | None = None) -> list[tuple[SnapshotId, Summary]]:
         """Every committed snapshot, ``(id, summary)`` in id order, from the markers alone.
 
         This is how a fresh catalog learns the league from the URI: summaries have the fields of
@@ -417,7 +409,7 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def survey(uri: str) -> tuple[list[tuple[SnapshotId, dict[str, Any]]], list[str], list[SnapshotId]]:
+def survey(uri: str) -> tuple[list[tuple[SnapshotId, Summary]], list[str], list[SnapshotId]]:
     """The committed snapshots at ``uri``, one line per marker skipped, and the deleted (tombstoned) ids, whose
     numbers a rebuilt catalog must never hand out again; a plain function, so that ``functools.partial(survey,
     uri)`` can travel to the catalog actor (as its ``seed``) and open the storage there."""

@@ -29,6 +29,7 @@ import crc32c
 import numpy as np
 
 from .errors import CorruptSnapshotError, InvalidMetaError, InvalidWeightsError, PolicyStoreError
+from .ids import SnapshotId
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +60,7 @@ META_CHECKSUM = "policystore.checksum"
 META_USER = "policystore.meta"
 META_POLICY = "policystore.policy_id"
 META_CREATED = "policystore.created"
-META_VERSION = "policystore.version"  # added by the disk tier when it writes a file; not covered by the checksum
+META_VERSION = "policystore.version"  # added by the disk tier when it writes a file (versioned_head); not signed
 UNSIGNED_META = frozenset({META_CHECKSUM, META_VERSION})
 CRC32C = "crc32c"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors limit
@@ -364,20 +365,49 @@ def _offset_like(value: object) -> bool:
     return type(value) is int and value >= 0  # bool and float are refused
 
 
+def header_length(head: bytes | memoryview, total: int, name: str) -> int:
+    """The JSON header's length from a buffer's first 8 bytes, checked against the buffer's ``total`` size."""
+    if len(head) < 8:
+        raise CorruptSnapshotError(f"{name}: {total} bytes is too short for a safetensors header")
+    length = int.from_bytes(head[:8], "little")
+    if length > min(MAX_HEADER_BYTES, total - 8):
+        raise CorruptSnapshotError(f"{name}: header length {length} does not fit a buffer of {total} bytes")
+    return length
+
+
 def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int | None = None) -> Header:
     """Parse and validate the header at the start of ``buf`` (which may hold only the header).
 
-    ``total`` is the whole buffer's length when ``buf`` is just its start. Every structural problem raises
-    CorruptSnapshotError naming ``name``: a snapshot that does not parse is never served.
+    ``total`` is the whole buffer's length when ``buf`` is just its start. Every problem, however pathological
+    the header, raises CorruptSnapshotError naming ``name``: a snapshot that does not parse is never served.
     """
     view = memoryview(buf).cast("B")
-    total = len(view) if total is None else total
-    if len(view) < 8:
-        raise CorruptSnapshotError(f"{name}: {total} bytes is too short for a safetensors header")
-    header_len = int.from_bytes(view[:8], "little")
-    if header_len > MAX_HEADER_BYTES or 8 + header_len > total or 8 + header_len > len(view):
-        raise CorruptSnapshotError(f"{name}: header length {header_len} does not fit a buffer of {total} bytes")
+    try:
+        return _parse(view, name, len(view) if total is None else total)
+    except CorruptSnapshotError:
+        raise
+    except Exception as exc:
+        raise CorruptSnapshotError(f"{name}: unreadable header ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def parse_head(head: bytes, *, name: str) -> Header:
+    """Parse a header sent without its data (the buffer's size is what the header describes)."""
+    return parse_header(head, name=name, total=-1)
+
+
+def read_header(read_at: Callable[[int, int], bytes], *, total: int, name: str) -> Header:
+    """Parse the header of a snapshot of ``total`` bytes stored elsewhere (a file, compressed or not), reading
+    only its first bytes: ``read_at(offset, n)`` returns the stored snapshot's bytes ``offset .. offset + n``."""
+    head = read_at(0, 8)
+    return parse_header(head + read_at(8, header_length(head, total, name)), name=name, total=total)
+
+
+def _parse(view: memoryview, name: str, total: int) -> Header:
+    """``total`` -1: the header alone, the buffer as long as it describes."""
+    header_len = header_length(view, len(view) if total < 0 else total, name)
     data_offset = 8 + header_len
+    if data_offset > len(view):
+        raise CorruptSnapshotError(f"{name}: header length {header_len} does not fit a buffer of {len(view)} bytes")
     if data_offset % 8:
         raise CorruptSnapshotError(f"{name}: data section starts at {data_offset}, not 8-byte aligned")
     try:
@@ -412,11 +442,29 @@ def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int 
                 f"{name}: tensor {key!r} starts at {entry.start}, expected {position} (overlap or hole)"
             )
         position = entry.end
+    total = data_offset + position if total < 0 else total
     if data_offset + position != total:
         raise CorruptSnapshotError(
             f"{name}: data section is {total - data_offset} bytes but the header describes {position}"
         )
     return Header(_shared_layout(tensors), metadata, data_offset, total)
+
+
+def head_bytes(buf: np.ndarray) -> bytes:
+    """The header bytes (length prefix + JSON) of a snapshot buffer: what ``parse_head`` reads."""
+    return bytes(buf[: 8 + int.from_bytes(buf[:8].tobytes(), "little")])
+
+
+def versioned_head(buf: np.ndarray, header: Header, version: int) -> bytes:
+    """The header of ``buf`` with ``META_VERSION`` added to its metadata (not covered by the checksum): the same
+    length when the padding has room (it needs about 40 bytes), else longer (the data's offsets are relative, so
+    they do not change)."""
+    room = header.data_offset - 8
+    raw = json.loads(bytes(memoryview(buf)[8 : header.data_offset]))
+    raw["__metadata__"] = {**(raw.get("__metadata__") or {}), META_VERSION: str(version)}
+    text = json.dumps(raw, separators=(",", ":")).encode()
+    length = room if len(text) <= room else len(text) + (-(8 + len(text)) % 8)
+    return length.to_bytes(8, "little") + text.ljust(length, b" ")
 
 
 # tensor index -> the one dict of entries every header with that index shares (read-only by convention): a league's
@@ -470,7 +518,7 @@ def compute_checksum(header: Header, buf: np.ndarray | memoryview) -> str:
 def verify_buffer(buf: np.ndarray | memoryview, *, name: str) -> Header:
     """Parse ``buf`` and check its data against the recorded checksum; raise CorruptSnapshotError if not."""
     header = parse_header(buf, name=name)
-    check_checksum(header, compute_checksum(header, buf), name)
+    check_data(header, iter_data(header, buf), name)
     return header
 
 
@@ -480,4 +528,41 @@ def check_checksum(header: Header, actual: str, name: str) -> None:
         raise CorruptSnapshotError(
             f"{name}: checksum mismatch (recorded {header.checksum or 'none'}, computed {actual}): "
             "the bytes changed after publish"
+        )
+
+
+def check_data(header: Header, chunks: Iterator[memoryview | bytes], name: str) -> None:
+    """Checksum ``chunks`` (the data section, streamed) and raise CorruptSnapshotError unless it is the recorded
+    one."""
+    check_checksum(header, checksum_of(header, chunks), name)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the catalog recorded at publish: a copy (file, object) must hold exactly this snapshot to be served."""
+
+    policy_id: str
+    version: int
+    checksum: str
+
+    @property
+    def id(self) -> SnapshotId:
+        return SnapshotId(self.policy_id, self.version)
+
+
+def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, what: str, *,
+                   versioned: bool = True) -> None:
+    """CorruptSnapshotError unless the header is ``sid`` (the policy id packed in it, and the version the disk
+    tier recorded) with the checksum the catalog recorded (``expect``). ``versioned=False``: a buffer that need not
+    record its version (one about to be written, or a durable data object, which its commit marker names), but if
+    it does, it must match."""
+    inside = header.metadata.get(META_POLICY)
+    if inside != sid.policy_id:
+        raise CorruptSnapshotError(f"{what}: the file holds a snapshot of policy {inside!r}, not {sid.policy_id!r}")
+    version = header.metadata.get(META_VERSION)
+    if version != str(sid.version) and (versioned or version is not None):
+        raise CorruptSnapshotError(f"{what}: the file holds version {version!r}, not {sid.version}")
+    if expect is not None and header.checksum != expect.checksum:
+        raise CorruptSnapshotError(
+            f"{what}: the file records checksum {header.checksum or 'none'}, the catalog {expect.checksum}"
         )

@@ -30,19 +30,11 @@ import numpy as np
 import torch
 
 from .errors import CorruptSnapshotError, UnknownPolicyError, UnknownVersionError
-from .format import META_CREATED, Header
+from .format import META_CREATED, Expected, Header
 from .ids import SnapshotId, check_policy_id, check_version
+from .snapfile import READ_FLAGS, SpillFile, header_of, load
 from .snapshot import Snapshot
-from .spill import (
-    READ_FLAGS,
-    Expected,
-    SpillFile,
-    Survey,
-    load,
-    open_folder_fd,
-    read_header,
-    survey,
-)
+from .spill import Survey, open_folder_fd, survey
 
 MARKER_SUFFIX = ".commit.json"  # the durable tier's commit marker: the snapshot exists once this does
 TOMBSTONE_SUFFIX = ".deleted.json"  # ... unless it also has a tombstone: it was deleted
@@ -174,7 +166,7 @@ class FolderReader:
                 raise ValueError(f"{path} is not a regular file")
             file = SpillFile(path, False, st.st_size)
             with self._open(path) as f:
-                header = read_header(f, file, sid, versioned=False)
+                header = header_of(f, file, sid, versioned=False)
             if header.checksum != expect.checksum:
                 raise CorruptSnapshotError(f"{sid}: {path} records {header.checksum}, its commit {expect.checksum}")
             return _Item(_info(sid, file, header), file, expect)

@@ -47,15 +47,17 @@ from .errors import (
     SnapshotTooLargeError,
     UnknownPolicyError,
 )
-from .format import META_CREATED, META_POLICY, Header, parse_header, verify_buffer
+from .format import META_CREATED, META_POLICY, Expected, Header, head_bytes, parse_header, verify_buffer
 from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
 from .metrics import COUNTERS, StoreMetrics
 from .protect import open_shared, shareable
-from .spill import TOMBSTONES, DiskTier, Expected, SpillFile
+from .snapfile import SpillFile
+from .spill import TOMBSTONES, DiskTier
 from .staging import StagingMaps
 from .watch import Feed
 from .wire import (
+    DURABLE,
     CatalogEntry,
     CatalogEvents,
     Holdings,
@@ -74,7 +76,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DURABLE = "durable"  # the holder name of the shared durable tier in the catalog
 _FETCH_TIMEOUT_S = 120.0
 # How long a publish waits for a restarting catalog to answer a call that is safe to repeat, so that a catalog
 # killed between its commit and its reply never leaves a version listed whose publish gave up on it.
@@ -130,7 +131,7 @@ def _summary(header: Header, durable: bool) -> Summary:
 
 def _head(buf: np.ndarray) -> bytes:
     """The header bytes (length prefix + JSON) of a snapshot buffer, pushed to readers with its ref."""
-    return bytes(buf[: 8 + int.from_bytes(buf[:8].tobytes(), "little")])
+    return head_bytes(buf)
 
 
 def check_durable(durable: object) -> bool:

@@ -9,7 +9,6 @@ import signal
 import socket
 import threading
 import time
-from collections import namedtuple
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -28,11 +27,9 @@ from policystore.errors import (
     SnapshotLostError,
     UnknownVersionError,
 )
-from policystore.format import pack, parse_header
+from policystore.format import Expected, pack, parse_header
 from policystore.ids import SnapshotId
 from policystore.wire import Summary
-
-Expected = namedtuple("Expected", "policy_id version checksum")  # the shape of the catalog's record
 
 
 def _snapshot(policy_id: str, n: int = 1000, seed: int = 0, meta=None) -> np.ndarray:
@@ -63,12 +60,11 @@ def test_round_trip_and_rebuild_from_the_uri(local_uri):
     assert [sid for sid, _ in listed] == sorted(bufs)
     for sid, summary in listed:
         header = parse_header(bufs[sid], name=str(sid))
-        assert Summary(**summary) == Summary(header.nbytes, header.checksum, header.user_meta,
-                                             summary["created"], durable=True)
+        assert summary == Summary(header.nbytes, header.checksum, header.user_meta, summary.created, durable=True)
         assert fresh.find(sid)
         got = fresh.read(sid, Expected(*sid, header.checksum))
         assert np.array_equal(got, bufs[sid])
-    assert dict(listed)[SnapshotId("exploiter", 5)]["meta"] == {"frozen": True}
+    assert dict(listed)[SnapshotId("exploiter", 5)].meta == {"frozen": True}
 
 
 def test_rewrite_is_idempotent_and_a_conflict_is_refused(tmp_path):
@@ -239,8 +235,8 @@ def test_s3_round_trip_and_rebuild(s3_server, monkeypatch):
     _write(tier, SnapshotId("main_0", 1), buf)
     fresh = DurableTier.open(uri)
     [(sid, summary)] = fresh.list_committed()
-    assert sid == SnapshotId("main_0", 1) and summary["meta"] == {"frozen": True}
-    assert np.array_equal(fresh.read(sid, Expected(*sid, summary["checksum"])), buf)
+    assert sid == SnapshotId("main_0", 1) and summary.meta == {"frozen": True}
+    assert np.array_equal(fresh.read(sid, Expected(*sid, summary.checksum)), buf)
     fresh.remove(sid)
     assert fresh.list_committed() == [] and not tier.find(sid)
 
