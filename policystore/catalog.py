@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -93,19 +93,18 @@ def _check_summary(summary: Any) -> str:
     return check_meta(summary.meta)
 
 
-def _check_reports(entries: Sequence[tuple[Any, Any]], to_summary: Callable[[Any], Any],
+def _check_reports(entries: Sequence[tuple[Any, Any]],
                    ) -> tuple[list[tuple[SnapshotId, Summary, str]], list[tuple[SnapshotId, str]]]:
     """Reported (id, summary) pairs checked before anything is written: (id, summary, meta JSON) for the valid
     ones, (id, why) for the others; one bad report never stops the others from being taken."""
     valid, invalid = [], []
-    for raw, what in entries:
+    for raw, summary in entries:
         try:
             sid = _check_id(raw)
         except (PolicyStoreError, TypeError, ValueError) as exc:
             invalid.append((SnapshotId(*raw) if isinstance(raw, tuple) and len(raw) == 2 else raw, str(exc)))
             continue
         try:
-            summary = to_summary(what)
             valid.append((sid, summary, _check_summary(summary)))
         except (TypeError, InvalidWeightsError) as exc:
             invalid.append((sid, str(exc)))
@@ -143,7 +142,7 @@ class CatalogServer:
         db_path: str,
         config: StoreConfig,
         *,
-        seed: Callable[[], tuple[Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]], Sequence[str],
+        seed: Callable[[], tuple[Sequence[tuple[SnapshotId, Summary]], Sequence[str],
                                   Sequence[SnapshotId]]] | None = None,
         holdings: Callable[[], tuple[Sequence[Holdings], Sequence[str]]] | None = None,
         event_log_keep: int = EVENT_LOG_KEEP,
@@ -288,7 +287,7 @@ class CatalogServer:
         store removes whatever that publish left). False when a running store re-registers with a new catalog.
         """
         _check_node(node_id)
-        reports, quarantine = _check_reports(held, lambda summary: summary)
+        reports, quarantine = _check_reports(held)
         discard, kept = [], set()
         with self._write(durable=True) as db:
             for sid, summary, meta in reports:
@@ -323,17 +322,15 @@ class CatalogServer:
                 discard.extend(dead)
         return Reconciled(tuple(discard), tuple(quarantine))
 
-    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]) -> Adopted:
+    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary]]) -> Adopted:
         """Take the durable tier's committed snapshots (``DurableTier.list_committed()``) into the catalog.
-
-        Each summary is a ``wire.Summary`` or a mapping of its fields (what the durable tier's markers hold).
 
         For a catalog whose database is new (``health().new``): a fresh cluster pointed at an existing durable
         URI sees the league. Entries the catalog already has gain the durable tier as holder; entries it deleted
         or aborted, or that conflict with it, are skipped and said why (the durable tier is never trusted over
         the catalog's own record).
         """
-        checked, invalid = _check_reports(entries, lambda s: Summary(**s) if isinstance(s, Mapping) else s)
+        checked, invalid = _check_reports(entries)
         added, held = [], []
         skipped = [f"{sid}: not a valid summary: {why}" for sid, why in invalid]
         with self._write(durable=True) as db:

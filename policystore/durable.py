@@ -88,6 +88,17 @@ class Commit:
     def id(self) -> SnapshotId:
         return SnapshotId(self.policy_id, self.version)
 
+    @classmethod
+    def parse(cls, body: bytes, sid: SnapshotId) -> Commit:
+        """A marker's content, checked to describe ``sid`` and to name a data object of its version in its own
+        folder; ValueError or TypeError otherwise."""
+        commit = cls(**json.loads(body))
+        if not (commit.id == sid and isinstance(commit.nbytes, int) and isinstance(commit.checksum, str)
+                and isinstance(commit.object, str) and posixpath.basename(commit.object) == commit.object
+                and commit.object.startswith(f"{sid.version:010d}.") and commit.object.endswith(DATA_SUFFIX)):
+            raise ValueError(f"it does not describe {sid}")
+        return commit
+
     def summary(self) -> Summary:
         """What a catalog records for the snapshot."""
         return Summary(self.nbytes, self.checksum, self.meta, self.created, durable=True)
@@ -324,25 +335,13 @@ class DurableTier:
         path = self._marker_path(sid)
         try:
             with self.fs.open_input_stream(path) as f:
-                raw = json.loads(f.read())
-            commit = Commit(**raw)
-            ok = (
-                commit.id == sid
-                and isinstance(commit.nbytes, int)
-                and isinstance(commit.checksum, str)
-                and posixpath.basename(commit.object) == commit.object
-                and commit.object.startswith(f"{sid.version:010d}.")
-            )
+                return Commit.parse(f.read(), sid)
         except FileNotFoundError:
             return None
         except (pa.ArrowException, OSError) as exc:
             raise DurableTierError(f"cannot read the commit marker {path}: {_first_line(exc)}") from None
-        except (ValueError, TypeError) as exc:  # torn or foreign JSON
-            problem = f"ignoring unreadable commit marker {path}: {exc}"
-        else:
-            if ok:
-                return commit
-            problem = f"ignoring commit marker {path}: it does not describe {sid}"
+        except (ValueError, TypeError) as exc:  # torn or foreign JSON, or a marker of something else
+            problem = f"ignoring unusable commit marker {path}: {exc}"
         log.warning("%s", problem)
         if skipped is not None:
             skipped.append(problem)

@@ -259,25 +259,43 @@ def _checksum_behind(header: Header, blocks: Iterator[memoryview]) -> str:
     """Run the copy (``blocks``) here while a helper thread checksums each block as it lands. Both release the
     GIL, so a big pack costs about the longer of the two instead of their sum."""
     landed: queue.SimpleQueue = queue.SimpleQueue()
-    outcome: list[str | BaseException] = []
-
-    def checksum() -> None:
-        try:
-            outcome.append(checksum_of(header, iter(landed.get, None)))
-        except BaseException as exc:  # re-raised by the packing thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=checksum, name="policystore-pack-checksum", daemon=True)
-    thread.start()
+    outcome: list[str] = []
+    check = Background(lambda: outcome.append(checksum_of(header, iter(landed.get, None))))
     try:
         for block in blocks:
             landed.put(block)
     finally:
         landed.put(None)
-        thread.join()
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
+        check.join()
+    check.wait()
     return outcome[0]
+
+
+class Background:
+    """``fn`` on a helper thread: a checksum pass releases the GIL, so the caller's copy runs meanwhile. ``wait()``
+    joins it and re-raises what it raised; without ``fn`` there is nothing to wait for."""
+
+    def __init__(self, fn: Callable[[], object] | None = None):
+        self._error: BaseException | None = None
+        self._thread = None if fn is None else threading.Thread(target=self._run, args=(fn,), daemon=True,
+                                                                 name="policystore-checksum")
+        if self._thread is not None:
+            self._thread.start()
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # re-raised by the waiting thread
+            self._error = exc
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def wait(self) -> None:
+        self.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _default_alloc(nbytes: int) -> np.ndarray:
@@ -326,9 +344,7 @@ def pack(
         META_USER: user_meta,
         META_CHECKSUM: CRC32C + ":" + "0" * 8,  # fixed width: filled in once the data is in place
     }
-    header_len = len(_header_json(entries, metadata))
-    header_len += -(8 + header_len) % 8
-    data_offset = 8 + header_len
+    data_offset = len(_head(entries, metadata))
     total = data_offset + offset
 
     buf = (alloc or _default_alloc)(total)
@@ -339,19 +355,21 @@ def pack(
     blocks = _copied_blocks(buf, data_offset, entries, parts)
     metadata[META_CHECKSUM] = (_checksum_behind(header, blocks) if offset >= _OVERLAP_BYTES
                                else checksum_of(header, blocks))
-    header_json = _header_json(entries, metadata)
-    assert len(header_json) <= header_len, "checksum field changed width"
-    buf[:8] = np.frombuffer(header_len.to_bytes(8, "little"), dtype=np.uint8)
-    buf[8:data_offset] = np.frombuffer(header_json.ljust(header_len, b" "), dtype=np.uint8)
+    head = _head(entries, metadata, data_offset - 8)
+    assert len(head) == data_offset, "checksum field changed width"
+    buf[:data_offset] = np.frombuffer(head, dtype=np.uint8)
     return buf
 
 
-def _header_json(entries: dict[str, TensorEntry], metadata: dict[str, str]) -> bytes:
+def _head(entries: dict[str, TensorEntry], metadata: dict[str, str], room: int = 0) -> bytes:
+    """The length prefix and the header JSON, space-padded to ``room`` bytes where it fits, else just enough for
+    the data to start 8-byte aligned."""
     header: dict[str, Any] = {
         name: {"dtype": e.code, "shape": list(e.shape), "data_offsets": [e.start, e.end]} for name, e in entries.items()
     }
-    header["__metadata__"] = metadata
-    return json.dumps(header, separators=(",", ":")).encode()
+    text = json.dumps({**header, "__metadata__": metadata}, separators=(",", ":")).encode()
+    length = room if len(text) <= room else len(text) + (-(8 + len(text)) % 8)
+    return length.to_bytes(8, "little") + text.ljust(length, b" ")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -455,16 +473,11 @@ def head_bytes(buf: np.ndarray) -> bytes:
     return bytes(buf[: 8 + int.from_bytes(buf[:8].tobytes(), "little")])
 
 
-def versioned_head(buf: np.ndarray, header: Header, version: int) -> bytes:
-    """The header of ``buf`` with ``META_VERSION`` added to its metadata (not covered by the checksum): the same
-    length when the padding has room (it needs about 40 bytes), else longer (the data's offsets are relative, so
-    they do not change)."""
-    room = header.data_offset - 8
-    raw = json.loads(bytes(memoryview(buf)[8 : header.data_offset]))
-    raw["__metadata__"] = {**(raw.get("__metadata__") or {}), META_VERSION: str(version)}
-    text = json.dumps(raw, separators=(",", ":")).encode()
-    length = room if len(text) <= room else len(text) + (-(8 + len(text)) % 8)
-    return length.to_bytes(8, "little") + text.ljust(length, b" ")
+def versioned_head(header: Header, version: int) -> bytes:
+    """The header with ``META_VERSION`` added to its metadata (not covered by the checksum): the same length when
+    the padding has room (it needs about 40 bytes), else longer (the data's offsets are relative, so they do not
+    change)."""
+    return _head(header.tensors, {**header.metadata, META_VERSION: str(version)}, header.data_offset - 8)
 
 
 # tensor index -> the one dict of entries every header with that index shares (read-only by convention): a league's
@@ -509,10 +522,6 @@ def checksum_of(header: Header, chunks: Iterator[memoryview | bytes]) -> str:
     for chunk in chunks:
         crc = crc32c.crc32c(chunk, crc)
     return f"{CRC32C}:{crc:08x}"
-
-
-def compute_checksum(header: Header, buf: np.ndarray | memoryview) -> str:
-    return checksum_of(header, iter_data(header, buf))
 
 
 def verify_buffer(buf: np.ndarray | memoryview, *, name: str) -> Header:
@@ -564,5 +573,5 @@ def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, wha
         raise CorruptSnapshotError(f"{what}: the file holds version {version!r}, not {sid.version}")
     if expect is not None and header.checksum != expect.checksum:
         raise CorruptSnapshotError(
-            f"{what}: the file records checksum {header.checksum or 'none'}, the catalog {expect.checksum}"
+            f"{what}: the file records checksum {header.checksum or 'none'}, its publish {expect.checksum}"
         )

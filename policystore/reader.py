@@ -18,7 +18,6 @@ views under their holder, or kill the process with SIGBUS on the next read of a 
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import weakref
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .durable import MARKER_SUFFIX, TOMBSTONE_SUFFIX, Commit
 from .errors import CorruptSnapshotError, UnknownPolicyError, UnknownVersionError
 from .format import META_CREATED, Expected, Header
 from .ids import SnapshotId, check_policy_id, check_version
@@ -36,8 +36,6 @@ from .snapfile import READ_FLAGS, SpillFile, header_of, load
 from .snapshot import Snapshot
 from .spill import Survey, open_folder_fd, survey
 
-MARKER_SUFFIX = ".commit.json"  # the durable tier's commit marker: the snapshot exists once this does
-TOMBSTONE_SUFFIX = ".deleted.json"  # ... unless it also has a tombstone: it was deleted
 _MAX_MARKER_BYTES = 1024 * 1024
 
 
@@ -152,27 +150,19 @@ class FolderReader:
     def _durable(self, sid: SnapshotId, marker: Path, found: Survey) -> _Item | None:
         """The data object a durable commit marker names, checked against the marker (header only)."""
         try:
-            commit = json.loads(self._small(marker))
-            name = commit["object"]
-            if (commit["policy_id"], commit["version"]) != tuple(sid) or not (
-                isinstance(name, str) and os.path.basename(name) == name and name.startswith(f"{sid.version:010d}.")
-                and name.endswith(".safetensors")
-            ):
-                raise ValueError(f"it does not describe {sid}")
-            expect = Expected(sid.policy_id, sid.version, str(commit["checksum"]))
-            path = marker.parent / name
+            commit = Commit.parse(self._small(marker), sid)
+            expect = Expected(sid.policy_id, sid.version, commit.checksum)
+            path = marker.parent / commit.object
             st = os.stat(self._relative(path), dir_fd=self._fd, follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError(f"{path} is not a regular file")
             file = SpillFile(path, False, st.st_size)
             with self._open(path) as f:
-                header = header_of(f, file, sid, versioned=False)
-            if header.checksum != expect.checksum:
-                raise CorruptSnapshotError(f"{sid}: {path} records {header.checksum}, its commit {expect.checksum}")
+                header = header_of(f, file, sid, expect, versioned=False)
             return _Item(_info(sid, file, header), file, expect)
         except FileNotFoundError as exc:
             found.damaged.append((sid, marker, f"{sid}: committed, but {exc.filename or 'its data'} is missing"))
-        except (OSError, ValueError, KeyError, TypeError, CorruptSnapshotError) as exc:
+        except (OSError, ValueError, TypeError, CorruptSnapshotError) as exc:
             found.damaged.append((sid, marker, f"{sid}: unusable commit {marker} ({exc})"))
         return None
 

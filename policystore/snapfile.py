@@ -18,13 +18,14 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO
 
 import lz4.frame
 import numpy as np
 
 from .errors import CorruptSnapshotError
 from .format import (
+    Background,
     Expected,
     Header,
     check_data,
@@ -46,8 +47,6 @@ _LZ4_STEP = 256 * 1024  # bytes in and at most out per decompression step: the p
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO in place of a file cannot hang us
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: map and read the whole file in one call
 
-T = TypeVar("T")
-
 
 @dataclass(frozen=True)
 class SpillFile:
@@ -63,22 +62,23 @@ class NotTheFile(CorruptSnapshotError):
 
 
 # ---- reading -------------------------------------------------------------------------------------------------
-def header_of(f: BinaryIO, file: SpillFile, sid: SnapshotId, *, versioned: bool = True) -> Header:
+def header_of(f: BinaryIO, file: SpillFile, sid: SnapshotId, expect: Expected | None = None, *,
+              versioned: bool = True) -> Header:
     """Parse a file's header (bounded reads; only the first frames of an lz4 file) and check it is ``sid``
-    (``versioned``: see ``format.check_identity``)."""
+    (with ``expect``'s checksum; ``versioned``: see ``format.check_identity``)."""
     what = str(sid)
     if file.compressed:
         total = _lz4_claimed_size(f, file.file_bytes, what)
         header = read_header(lambda start, n: _lz4_prefix(f, n, skip=start), total=total, name=what)
     else:
         header = read_header(lambda start, n: os.pread(f.fileno(), n, start), total=file.file_bytes, name=what)
-    check_identity(header, sid, None, what, versioned=versioned)
+    check_identity(header, sid, expect, what, versioned=versioned)
     return header
 
 
 def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expected | None, *,
-         versioned: bool = True, private: bool = False) -> tuple[np.ndarray, Pending]:
-    """The file's snapshot buffer, and its checksum check; ``Pending.wait()`` before use.
+         versioned: bool = True, private: bool = False) -> tuple[np.ndarray, Background]:
+    """The file's snapshot buffer, and its checksum check: ``wait()`` for it before using the buffer.
 
     A raw file is mapped read-only and read in by the map call (``private``: copied into private memory instead,
     for a caller that keeps the buffer); a large one's checksum then runs on a helper thread, so the caller can
@@ -91,52 +91,23 @@ def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expec
         raise NotTheFile(f"{what}: asked to read {file.path} as {expect.id}")
     try:
         if file.compressed:
-            return _lz4_read_verified(f, file, sid, what, expect), Pending()
+            return _lz4_read_verified(f, file, sid, what, expect), Background()
         buf = _read_private(f, what) if private else _map_readonly(f)
         header = parse_header(buf, name=what)
         check_identity(header, sid, expect, what, versioned=versioned)
-        return buf, Pending(buf, header, what)
+        return buf, _check_later(buf, header, what)
     except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
         raise CorruptSnapshotError(f"{what}: not a valid lz4 frame ({exc})") from None
     except OSError as exc:
         raise NotTheFile(f"{what}: cannot read {file.path} ({exc.strerror})") from None
 
 
-class Pending:
-    """The checksum check of a buffer being handed out: on a helper thread for large buffers, else done at once.
-
-    ``wait()`` returns once it has finished and raises CorruptSnapshotError if the buffer did not verify.
-    """
-
-    def __init__(self, buf: np.ndarray | None = None, header: Header | None = None, what: str = ""):
-        self._error: list[BaseException | None] = []
-        self._thread = None
-        if buf is None or header is None:  # already checked
-            return
-        if header.nbytes < _OVERLAP_BYTES:  # a small buffer checks faster than a thread starts
-            check_data(header, iter_data(header, buf), what)
-            return
-        self._thread = threading.Thread(
-            target=lambda: self._error.append(_catch(lambda: check_data(header, iter_data(header, buf), what))[1]),
-            name="policystore-checksum", daemon=True,
-        )
-        self._thread.start()
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-
-    def wait(self) -> None:
-        self.join()
-        if self._error and self._error[0] is not None:
-            raise self._error[0]
-
-
-def _catch(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
-    try:
-        return fn(), None
-    except BaseException as exc:  # handed to the waiting thread, which re-raises it
-        return None, exc
+def _check_later(buf: np.ndarray, header: Header, what: str) -> Background:
+    """The checksum check of a buffer being handed out: on a helper thread for a large one, else done at once."""
+    if header.nbytes < _OVERLAP_BYTES:  # a small buffer checks faster than a thread starts
+        check_data(header, iter_data(header, buf), what)
+        return Background()
+    return Background(lambda: check_data(header, iter_data(header, buf), what))
 
 
 def _map_readonly(f: BinaryIO) -> np.ndarray:
@@ -195,23 +166,22 @@ def _lz4_read_verified(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str,
                        expect: Expected | None) -> np.ndarray:
     """Decompress on a helper thread into a buffer of the recorded size; check header and checksum meanwhile."""
     buf = np.empty(_lz4_claimed_size(f, file.file_bytes, what), dtype=np.uint8)
-    arrived: queue.SimpleQueue = queue.SimpleQueue()
+    arrived: queue.SimpleQueue = queue.SimpleQueue()  # how many bytes are in place; None once the fill ended
     stop = threading.Event()
 
-    def work() -> None:
-        arrived.put(_catch(lambda: _lz4_fill(f, buf, arrived.put, stop)))
+    def fill() -> None:
+        try:
+            filled = _lz4_fill(f, buf, arrived.put, stop)
+            if filled != len(buf):
+                raise CorruptSnapshotError(f"{what}: file is truncated (only {filled} of {len(buf)} bytes arrived)")
+        finally:
+            arrived.put(None)
 
     def landed() -> Iterator[int]:
-        while not isinstance(item := arrived.get(), tuple):
-            yield item
-        filled, error = item
-        if error is not None:
-            raise error
-        if filled != len(buf):
-            raise CorruptSnapshotError(f"{what}: file is truncated (only {filled} of {len(buf)} bytes arrived)")
+        yield from iter(arrived.get, None)
+        worker.wait()  # the fill's error, if any
 
-    worker = threading.Thread(target=work, name="policystore-restore", daemon=True)
-    worker.start()
+    worker = Background(fill)
     try:
         view = memoryview(buf)
         progress, filled = landed(), 0
@@ -258,7 +228,7 @@ def write(f: BinaryIO, buf: np.ndarray, header: Header, version: int, *, compres
     """Write the snapshot in ``buf`` to the empty file ``f`` as ``version`` (lz4-framed when ``compress`` and that
     saves space); returns whether it is compressed. The checksum is recomputed over what is written, so a buffer
     changed since it was packed raises CorruptSnapshotError naming ``what`` (the file must then be dropped)."""
-    head = versioned_head(buf, header, version)
+    head = versioned_head(header, version)
     total = len(head) + header.nbytes - header.data_offset
     compressed = compress and _worth_compressing(buf)
     _write(f, head, buf, header, total, compressed, what)

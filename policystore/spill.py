@@ -33,7 +33,7 @@ import numpy as np
 from . import snapfile
 from .config import LEAGUES  # other leagues' folders under a shared spill root
 from .errors import CorruptSnapshotError, DiskFullError, InvalidPolicyIdError, SnapshotFolderError
-from .format import Expected, Header, check_identity
+from .format import Background, Expected, Header, check_identity
 from .ids import SnapshotId, check_policy_id
 from .snapfile import LZ4_SUFFIX, RAW_SUFFIX, READ_FLAGS, NotTheFile, SpillFile
 from .wire import QuarantineRecord
@@ -329,7 +329,7 @@ class DiskTier:
             raise self._refuse(file, exc) from None
         return out
 
-    def _load(self, file: SpillFile, what: str, expect: Expected | None) -> tuple[np.ndarray, snapfile.Pending]:
+    def _load(self, file: SpillFile, what: str, expect: Expected | None) -> tuple[np.ndarray, Background]:
         try:
             policy_id, name = self._locate(file)
             with self._folder(policy_id) as folder:

@@ -274,12 +274,13 @@ def test_adopt_takes_the_durable_tiers_league_into_a_new_catalog(open_catalog, t
 
     failed = open_catalog(tmp_path / "failed.sqlite3", seed=unreachable)
     assert failed.health().adopted == 0 and "durable tier unreachable" in failed.health().problems[0]
-    # The durable tier's markers hold the fields of a Summary as a mapping: taken as they are, or said why not.
+    # Only summaries are taken (a mapping of their fields is not one); a bad entry is skipped, said why.
     fields = {"nbytes": 7, "checksum": "crc32c:77", "meta": {"step": 7}, "created": 3.0, "durable": True}
-    answer = catalog.adopt([(SnapshotId("side", 1), fields), (SnapshotId("side", 2), {**fields, "extra": 1}),
-                            (SnapshotId("side", 3), {**fields, "nbytes": "big"})])
+    answer = catalog.adopt([(SnapshotId("side", 1), Summary(**fields)), (SnapshotId("side", 2), fields),
+                            (SnapshotId("side", 3), Summary(**{**fields, "nbytes": "big"}))])
     assert answer.added == (SnapshotId("side", 1),) and catalog.lookup("side").summary.meta == {"step": 7}
     assert [s.split(":")[0] for s in answer.skipped] == ["side@v2", "side@v3"]
+    assert "takes a wire.Summary, got dict" in answer.skipped[0]
 
 
 def test_a_new_database_rebuilds_from_the_stores_and_the_durable_tier_never_reusing_a_version(open_catalog, tmp_path):
