@@ -6,7 +6,6 @@ import mmap
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import lz4.frame
 import pytest
 import ray
 import torch
+from helpers import RESTARTING, eventually
 from safetensors import safe_open
 from sample_weights import mixed_weights, same_bits
 from torch import nn
@@ -296,8 +296,8 @@ def test_corrupt_spill_file_is_never_served(make_store, compressible, damage):
     assert {i.id.policy_id: i.tier for i in store.list()}["victim"] == "disk"
     # until this process's push has seen the eviction (other became hot before victim went): no process then
     # keeps the memory copy alive, and the get below must go to the damaged file
-    while not (("other", 1) in (hot := store.push_state().hot) and ("victim", 1) not in hot):
-        time.sleep(0.01)
+    eventually(lambda: ("other", 1) in (hot := store.push_state().hot) and ("victim", 1) not in hot,
+               "the eviction pushed to this process")
     path = next((Path(store.stats().spill_dir) / "victim").iterdir())
     data = bytearray(path.read_bytes())
     if damage == "flip":  # 16 bytes: one flipped byte of an lz4 stream can be a match offset that still points at
@@ -329,7 +329,8 @@ def test_restarted_store_rebuilds_its_catalog_from_disk(make_store):
     store.publish("main_0", net().state_dict())
     store.flush()
     os.kill(store_actor_info()[1], 9)  # Ray restarts the detached store (max_restarts=-1)
-    rows = _retry(store.list, policy_id="main_0")
+    rows = eventually(lambda: store.list(policy_id="main_0"), "the store back after its kill",
+                      ignore=RESTARTING, every_s=0.1)
     assert [(r.id.version, r.tier, r.meta) for r in rows] == [(1, "disk", {"elo": 1200}), (2, "disk", {})]
     policystore.clear_cache()
     x = torch.randn(2, 64)
@@ -342,16 +343,6 @@ def test_restarted_store_rebuilds_its_catalog_from_disk(make_store):
     fresh = policystore.connect(StoreConfig(spill_dir=spill_dir))
     assert [r.id.version for r in fresh.list("main_0")] == [1, 2, 3]
     assert torch.equal(fresh.load_module("main_0", net)(x), source(x))
-
-
-def _retry(fn, *args, attempts=100, **kwargs):
-
-    for _ in range(attempts):
-        try:
-            return fn(*args, **kwargs)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            time.sleep(0.1)
-    return fn(*args, **kwargs)
 
 
 # ---- placement and concurrency ------------------------------------------------------------------------------
