@@ -318,14 +318,12 @@ class DurableTier:
     def _marker_id(self, info: pafs.FileInfo, suffix: str = MARKER_SUFFIX) -> SnapshotId | None:
         """The snapshot a listed object is the marker (or, by ``suffix``, the tombstone) of, if it is one (in a
         valid policy folder)."""
-        if info.type != pafs.FileType.File or not info.base_name.endswith(suffix):
-            return None
-        policy_id = posixpath.basename(posixpath.dirname(info.path))
-        stem = info.base_name[: -len(suffix)]
-        if posixpath.dirname(posixpath.dirname(info.path)) != self.root or not stem.isdigit():
+        version = marker_version(info.base_name, suffix)
+        folder = posixpath.dirname(info.path)
+        if info.type != pafs.FileType.File or version is None or posixpath.dirname(folder) != self.root:
             return None
         try:
-            return SnapshotId(check_policy_id(policy_id), check_version(int(stem)))
+            return SnapshotId(check_policy_id(posixpath.basename(folder)), check_version(version))
         except InvalidPolicyIdError:
             return None
 
@@ -402,6 +400,12 @@ def _without_credentials(uri: str) -> str:
     scheme, _, rest = uri.partition("://")
     authority, slash, path = rest.partition("/")
     return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+
+
+def marker_version(name: str, suffix: str = MARKER_SUFFIX) -> int | None:
+    """The version whose marker (or, by ``suffix``, tombstone) is called ``name``, if it is one."""
+    stem = name.removesuffix(suffix)
+    return int(stem) if name.endswith(suffix) and stem.isdigit() and int(stem) > 0 else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -531,19 +531,15 @@ def verify_buffer(buf: np.ndarray | memoryview, *, name: str) -> Header:
     return header
 
 
-def check_checksum(header: Header, actual: str, name: str) -> None:
-    """Raise CorruptSnapshotError naming ``name`` unless ``actual`` is the checksum recorded in ``header``."""
+def check_data(header: Header, chunks: Iterator[memoryview | bytes], name: str) -> None:
+    """Checksum ``chunks`` (the data section, streamed): CorruptSnapshotError naming ``name`` unless it is the
+    checksum recorded in ``header``."""
+    actual = checksum_of(header, chunks)
     if not header.checksum or actual != header.checksum:
         raise CorruptSnapshotError(
             f"{name}: checksum mismatch (recorded {header.checksum or 'none'}, computed {actual}): "
             "the bytes changed after publish"
         )
-
-
-def check_data(header: Header, chunks: Iterator[memoryview | bytes], name: str) -> None:
-    """Checksum ``chunks`` (the data section, streamed) and raise CorruptSnapshotError unless it is the recorded
-    one."""
-    check_checksum(header, checksum_of(header, chunks), name)
 
 
 @dataclass(frozen=True)

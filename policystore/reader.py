@@ -23,18 +23,18 @@ import stat
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
-from .durable import MARKER_SUFFIX, TOMBSTONE_SUFFIX, Commit
+from .durable import MARKER_SUFFIX, TOMBSTONE_SUFFIX, Commit, marker_version
 from .errors import CorruptSnapshotError, UnknownPolicyError, UnknownVersionError
 from .format import META_CREATED, Expected, Header
 from .ids import SnapshotId, check_policy_id, check_version
-from .snapfile import READ_FLAGS, SpillFile, header_of, load
+from .snapfile import SpillFile, header_of, load
 from .snapshot import Snapshot
-from .spill import Survey, open_folder_fd, survey
+from .spill import Survey, open_file, open_folder_fd, survey
 
 _MAX_MARKER_BYTES = 1024 * 1024
 
@@ -182,14 +182,8 @@ class FolderReader:
     def _relative(self, path: Path) -> str:
         return str(path.relative_to(self.path))
 
-    def _open(self, path: Path):
-        """Open a file below the folder without following any symlink on the way."""
-        folder = os.open(self._relative(path.parent), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._fd)
-        try:
-            fd = os.open(path.name, READ_FLAGS, dir_fd=folder)
-        finally:
-            os.close(folder)
-        return open(fd, "rb", buffering=0)
+    def _open(self, path: Path) -> BinaryIO:
+        return open_file(self._fd, self._relative(path.parent), path.name)
 
     def _small(self, path: Path) -> bytes:
         with self._open(path) as f:
@@ -202,12 +196,7 @@ class FolderReader:
 def _markers(found: Survey) -> list[tuple[SnapshotId, Path]]:
     """Durable commit markers among the files the spill survey left alone, less those of deleted snapshots."""
     def named(suffix: str) -> dict[SnapshotId, Path]:
-        out = {}
-        for path in found.others:
-            stem = path.name.removesuffix(suffix)
-            if path.name.endswith(suffix) and stem.isdigit() and len(stem) == 10 and int(stem) > 0:
-                out[SnapshotId(path.parent.name, int(stem))] = path
-        return out
+        return {SnapshotId(p.parent.name, v): p for p in found.others if (v := marker_version(p.name, suffix))}
 
     deleted = named(TOMBSTONE_SUFFIX)
     return [(sid, path) for sid, path in named(MARKER_SUFFIX).items() if sid not in deleted]

@@ -129,11 +129,6 @@ def _summary(header: Header, durable: bool) -> Summary:
                    durable)
 
 
-def _head(buf: np.ndarray) -> bytes:
-    """The header bytes (length prefix + JSON) of a snapshot buffer, pushed to readers with its ref."""
-    return head_bytes(buf)
-
-
 def check_durable(durable: object) -> bool:
     if not isinstance(durable, bool):
         raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
@@ -386,7 +381,7 @@ class StoreServer:
             with self._lock:
                 self._policies.setdefault(policy_id, {})[sid.version] = entry
                 self._landed.notify_all()
-                self.hot.add(sid, ref, header.nbytes, _head(buf))
+                self.hot.add(sid, ref, header.nbytes, head_bytes(buf))
                 self.feed.raise_latest(*sid)
                 self._count("publishes")
                 if not durable:
@@ -558,7 +553,7 @@ class StoreServer:
         try:  # the checksum runs while the copy into the object store does
             with self._timed("restore_latency"):
                 hot = self.disk.restore(file, str(sid), expect=expect,
-                                        put=lambda buf: HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))]))
+                                        put=lambda buf: HotSnapshot(sid, head_bytes(buf), [ray.put(shareable(buf))]))
         except CorruptSnapshotError:
             with self._lock:
                 self._count("corrupt_reads")
@@ -606,7 +601,7 @@ class StoreServer:
         if header.checksum != info.summary.checksum:
             raise CorruptSnapshotError(f"{sid}: fetched checksum {header.checksum} != catalog {info.summary.checksum}")
         # this node's own copy: it does not depend on the source node staying alive
-        hot = HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))])
+        hot = HotSnapshot(sid, head_bytes(buf), [ray.put(shareable(buf))])
         del buf
         entry = _Entry(header)
         with self._lock:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 
@@ -60,15 +60,6 @@ class DiskEntry:
     header: Header
 
 
-@dataclass(frozen=True)
-class ScanResult:
-    """A startup scan: the files adopted, what was left alone (and why), the files moved to quarantine."""
-
-    entries: list[DiskEntry]
-    skipped: list[str]
-    quarantined: list[str]
-
-
 @dataclass
 class Survey:
     """A read-only look at a snapshot folder: good files, junk left alone, damaged files, unfinished temps."""
@@ -78,6 +69,7 @@ class Survey:
     damaged: list[tuple[SnapshotId, Path, str]] = field(default_factory=list)
     temps: list[Path] = field(default_factory=list)
     others: list[Path] = field(default_factory=list)  # other regular files in policy folders (also in skipped)
+    quarantined: list[str] = field(default_factory=list)  # where ``DiskTier.scan`` moved the damaged files
 
 
 # ---- layout ------------------------------------------------------------------------------------------------
@@ -121,6 +113,12 @@ def _subfolder(name: str, dir_fd: int) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def open_file(dir_fd: int, folder: str, name: str) -> BinaryIO:
+    """``folder/name`` below the folder ``dir_fd``, opened for reading without following any symlink (OSError)."""
+    with _subfolder(folder, dir_fd) as fd:
+        return open(os.open(name, READ_FLAGS, dir_fd=fd), "rb", buffering=0)
 
 
 def survey(root: Path, root_fd: int, policy_id: str | None = None, *, owner: int | None = None) -> Survey:
@@ -176,8 +174,7 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int, 
             sid = SnapshotId(policy_id, parsed[0])
             file = SpillFile(path, parsed[1], st.st_size)
             try:
-                fd = os.open(name, READ_FLAGS, dir_fd=folder_fd)
-                with open(fd, "rb", buffering=0) as f:
+                with open(os.open(name, READ_FLAGS, dir_fd=folder_fd), "rb", buffering=0) as f:
                     header = snapfile.header_of(f, file, sid)
                 found.entries.append(DiskEntry(sid, file, header))
             except OSError as exc:
@@ -332,10 +329,8 @@ class DiskTier:
     def _load(self, file: SpillFile, what: str, expect: Expected | None) -> tuple[np.ndarray, Background]:
         try:
             policy_id, name = self._locate(file)
-            with self._folder(policy_id) as folder:
-                fd = os.open(name, READ_FLAGS, dir_fd=folder)
-            with open(fd, "rb", buffering=0) as f:
-                st = os.fstat(fd)
+            with open_file(self._fd, policy_id, name) as f:
+                st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode) or (self.private and st.st_uid != os.geteuid()):
                     raise NotTheFile(f"{what}: {file.path} is not a regular file of this user")
                 version = parse_file_name(name)
@@ -353,22 +348,21 @@ class DiskTier:
         moved = self.quarantine(file, f"{exc} [file {file.path}]")
         return CorruptSnapshotError(f"{exc} [file {file.path}, moved to {moved}]")
 
-    def scan(self) -> ScanResult:
+    def scan(self) -> Survey:
         """Every committed snapshot file under the root (headers only). Never raises on junk: unfinished temp
-        files are removed, damaged or misplaced snapshot files are quarantined, anything else is left alone and
-        reported in ``skipped``."""
+        files are removed, damaged or misplaced snapshot files are quarantined (``quarantined`` says where),
+        anything else is left alone and reported in ``skipped``."""
         found = survey(self.root, self._fd, owner=os.geteuid() if self.private else None)
         for path in found.temps:
             log.info("removing unfinished spill file %s", path)
             self._unlink(SpillFile(path, False, 0), sync=False)
-        quarantined = []
         for _sid, path, reason in found.damaged:
             moved = self.quarantine(SpillFile(path, False, 0), reason)
             if moved is not None:
-                quarantined.append(moved)
+                found.quarantined.append(moved)
         for line in found.skipped:
             log.warning("spill scan: left alone %s", line)
-        return ScanResult(found.entries, found.skipped, quarantined)
+        return found
 
     # ---- quarantine ------------------------------------------------------------------------------------------
     def quarantine(self, file: SpillFile, reason: str) -> str | None:

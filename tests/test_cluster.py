@@ -131,7 +131,7 @@ def test_publish_on_one_node_fetch_once_per_node_and_agree(cluster):
     readers_b = [on(b) for _ in range(3)]
     assert ray.get([r.get.remote("agree") for r in readers_b]) == [(2, 2.0, 2.0)] * 3
     stats_b = ray.get(readers_b[0].stats.remote())
-    assert stats_b["fetches"] == 1  # the bytes crossed once; the other readers were served from B's copy
+    assert stats_b.fetches == 1  # the bytes crossed once; the other readers were served from B's copy
     assert ray.get(on(d).get.remote("agree", 1)) == (1, 1.0, 1.0)
 
 

@@ -42,7 +42,6 @@ from .output import (
     record,
     short_json,
     size,
-    tiers,
 )
 from .sources import ClusterSource, Source, UsageError, open_source
 
@@ -56,8 +55,8 @@ def cmd_ls(source: Source, args: argparse.Namespace, out: Output) -> int:
     out.table(
         rows,
         ["policy", "version", "size", "tiers", "meta", "checksum", "holders"],
-        [(r.id.policy_id, str(r.id.version), size(r.nbytes), tiers(r.tiers), short_json(r.meta), r.checksum,
-          ", ".join(node(h) for h in r.holders)) for r in rows],
+        [(r.id.policy_id, str(r.id.version), size(r.nbytes), " ".join(f"{node(w)}:{t}" for w, t in r.tiers.items()),
+          short_json(r.meta), r.checksum, ", ".join(node(h) for h in r.holders)) for r in rows],
         title=f"{len(rows)} snapshots in {source.where}",
     )
     return EXIT_OK

@@ -157,10 +157,6 @@ def node(name: str | None) -> str:
     return name[:8] if name and len(name) > 16 else str(name)
 
 
-def tiers(where: dict[str, str]) -> str:
-    return " ".join(f"{node(w)}:{tier}" for w, tier in where.items())
-
-
 def short_json(value: Any, width: int = 48) -> str:
     text = json.dumps(value, separators=(",", ":"), default=str)
     return text if len(text) <= width else text[: width - 1] + "…"

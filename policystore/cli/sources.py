@@ -8,7 +8,7 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -25,24 +25,30 @@ class UsageError(PolicyStoreError, ValueError):
     """A command line that cannot be carried out as given (missing option, offline where a cluster is needed)."""
 
 
-class Source(Protocol):
-    """Where the snapshots are read from: a running cluster, a spill folder or a durable tier."""
+class Source:
+    """Where the snapshots are read from: a running cluster, a spill folder or a durable tier (offline, figures
+    from its rows alone)."""
 
     where: str
-    online: bool
+    online = False
 
-    def rows(self, policy_id: str | None = None) -> list[Row]: ...
+    def rows(self, policy_id: str | None = None) -> list[Row]:
+        raise NotImplementedError
 
     def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[Verified]:
         """One result per row, plus one for damage found outside them."""
-        ...
+        raise NotImplementedError
 
-    def buffer(self, row: Row) -> np.ndarray: ...  # the snapshot's raw safetensors bytes
+    def buffer(self, row: Row) -> np.ndarray:  # the snapshot's raw safetensors bytes
+        raise NotImplementedError
 
-    def stats(self) -> list[StoreStats | FolderStats]: ...
+    def stats(self) -> list[StoreStats | FolderStats]:
+        rows = self.rows()
+        return [FolderStats(self.where, len({r.id.policy_id for r in rows}), len(rows), sum(r.nbytes for r in rows),
+                            sum(r.file_bytes for r in rows))]
 
 
-class ClusterSource:
+class ClusterSource(Source):
     """A running cluster: every node store that exists (none is started on nodes without one)."""
 
     online = True
@@ -119,21 +125,7 @@ class ClusterSource:
         return [SnapshotId(*s) for s in self.local.delete(policy_id, sid.version if sid else None)]
 
 
-class _Offline:
-    """A source read without a cluster."""
-
-    online = False
-    where: str
-
-    def rows(self, policy_id: str | None = None) -> list[Row]: ...
-
-    def stats(self) -> list[StoreStats | FolderStats]:
-        rows = self.rows()
-        return [FolderStats(self.where, len({r.id.policy_id for r in rows}), len(rows), sum(r.nbytes for r in rows),
-                            sum(r.file_bytes for r in rows))]
-
-
-class DurableSource(_Offline):
+class DurableSource(Source):
     """A durable tier (folder of commit markers or object-storage URI), read without a cluster."""
 
     def __init__(self, uri: str):
@@ -154,7 +146,7 @@ class DurableSource(_Offline):
 
 
 
-class FolderSource(_Offline):
+class FolderSource(Source):
     """A spill folder or a durable tier's folder, read through the store's Ray-free reader."""
 
     def __init__(self, path: str):
