@@ -97,7 +97,7 @@ class Reader:
         }
         samples: dict[str, list[float]] = {case: [] for case in reads}
         stats = self.store.stats()
-        asked = stats["hits"] + stats["misses"]
+        asked = stats.hits + stats.misses
         for i in range(repeats + 1):
             for case, read in reads.items():
                 start = time.perf_counter()
@@ -107,7 +107,7 @@ class Reader:
                 if i:
                     samples[case].append(elapsed)
         stats = self.store.stats()
-        return samples, stats["hits"] + stats["misses"] - asked
+        return samples, stats.hits + stats.misses - asked
 
     def cached(self, policy_id: str, repeats: int, module: bool) -> list[float]:
         held = self.store.get(policy_id)
@@ -198,7 +198,7 @@ def run_size(results: harness.Results, size_mib: int, args: Any) -> None:
                     "min_ms": p["min"],
                     "mean_ms": p["mean"],
                     "p50_us": p["p50"] * 1e3,
-                    "store_restores": stats["restores"],
+                    "store_restores": stats.restores,
                     "store_round_trips": hot_round_trips if case in hot else None,
                 }
             )

@@ -1,6 +1,7 @@
 """A real S3-compatible server (moto's server mode, on loopback) behind a switchable proxy, for fault injection:
 ``up`` forwards, ``down`` refuses connections, ``hang`` accepts connections and never answers, ``errors`` answers
-every request with HTTP 500. The durable tier's faults in the chaos benchmark are these switches."""
+every request with HTTP 500. The durable tier's faults in the chaos benchmark are these switches, and so are those of
+the store's durable-tier tests (``tests/test_durable.py``)."""
 
 from __future__ import annotations
 
@@ -13,25 +14,28 @@ _ERROR_REPLY = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConn
 
 
 class S3Gate:
-    """moto on a free loopback port with one bucket, reached through the proxy at ``port``."""
+    """moto on a free loopback port with one bucket (or the server already at ``server_port``), reached through
+    the proxy at ``port``."""
 
-    def __init__(self, bucket: str = "league"):
+    def __init__(self, bucket: str = "league", server_port: int | None = None):
         import pyarrow.fs as pafs
         from moto.server import ThreadedMotoServer
 
         for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                             ("AWS_DEFAULT_REGION", "us-east-1")):
             os.environ.setdefault(name, value)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.server_port = s.getsockname()[1]
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.server_port, verbose=False)
-        self._server.start()
-        self.bucket = bucket
-        pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
-                          endpoint_override=f"127.0.0.1:{self.server_port}", allow_bucket_creation=True
-                          ).create_dir(bucket)
+        self.bucket, self.server_port, self._server = bucket, server_port, None
+        if server_port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.server_port = s.getsockname()[1]
+            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.server_port, verbose=False)
+            self._server.start()
+            pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                              endpoint_override=f"127.0.0.1:{self.server_port}", allow_bucket_creation=True
+                              ).create_dir(bucket)
         self.mode = "up"
+        self.hung = 0  # connections accepted in ``hang`` mode and left unanswered
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._listener: socket.socket | None = None
@@ -70,7 +74,8 @@ class S3Gate:
 
     def close(self) -> None:
         self.set("down")
-        self._server.stop()
+        if self._server is not None:
+            self._server.stop()
 
     def _listen(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again
@@ -90,6 +95,8 @@ class S3Gate:
                 client.close()
                 continue
             if mode == "hang":
+                with self._lock:
+                    self.hung += 1
                 continue  # held open, never read, never answered
             if mode == "errors":
                 threading.Thread(target=self._refuse, args=(client,), daemon=True).start()

@@ -33,8 +33,9 @@ import ray
 import torch
 
 import policystore
-from policystore.format import pack
-from policystore.spill import DiskTier, Expected, SpillFile
+from policystore.format import Expected, pack
+from policystore.snapfile import SpillFile
+from policystore.spill import DiskTier
 
 from . import harness
 from .harness import MiB

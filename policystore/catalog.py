@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ from .errors import (
     UnknownPolicyError,
     UnknownVersionError,
 )
+from .format import check_meta
 from .ids import SnapshotId, check_policy_id, check_version
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Summary
 
@@ -68,8 +69,6 @@ WATCH_GROUP = "watch"
 # One thread per concurrent long poll (one per node's store). A watcher beyond these waits in line, for at most
 # one timeout of the polls ahead of it.
 CONCURRENCY_GROUPS = {WATCH_GROUP: 64}
-MAX_META_BYTES = 64 * 1024
-MAX_META_DEPTH = 16
 VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version counter
 MAX_WATCH_S = 60.0
 MAX_EVENTS = 1000  # per watch answer; the watcher asks again from the answer's seq
@@ -102,28 +101,6 @@ def _counted(method: Callable) -> Callable:
     return counted
 
 
-def meta_json(meta: Any) -> str:
-    """``meta`` as compact JSON, or InvalidMetaError if it is not a str-keyed JSON object within the bounds."""
-    if not isinstance(meta, dict):
-        raise InvalidMetaError(f"meta must be a dict, got {type(meta).__name__}")
-    stack = [(meta, 1)]
-    while stack:  # iterative: a deep meta must not exhaust the interpreter's stack before it is refused
-        value, depth = stack.pop()
-        if depth > MAX_META_DEPTH:
-            raise InvalidMetaError(f"meta is nested deeper than {MAX_META_DEPTH} levels")
-        if isinstance(value, dict) and not all(isinstance(key, str) for key in value):
-            raise InvalidMetaError(f"meta keys must be str (JSON would turn them into str): {list(value)[:5]}")
-        children = value.values() if isinstance(value, dict) else value
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    try:
-        text = json.dumps(meta, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidMetaError(f"meta is not JSON: {exc}") from None
-    if len(text.encode()) > MAX_META_BYTES:
-        raise InvalidMetaError(f"meta is {len(text.encode())} bytes as JSON, over the {MAX_META_BYTES}-byte limit")
-    return text
-
-
 def _check_summary(summary: Any) -> str:
     """Validate a store's summary before anything is written; returns its meta as JSON."""
     if not isinstance(summary, Summary):
@@ -134,22 +111,23 @@ def _check_summary(summary: Any) -> str:
         raise InvalidWeightsError(f"summary.checksum must be a non-empty str, got {summary.checksum!r}")
     if not isinstance(summary.created, (int, float)) or not isinstance(summary.durable, bool):
         raise InvalidWeightsError(f"summary.created must be a number and durable a bool: {summary!r}")
-    return meta_json(summary.meta)
+    if not isinstance(summary.meta, dict):
+        raise InvalidMetaError(f"summary.meta must be a dict, got {type(summary.meta).__name__}")
+    return check_meta(summary.meta)
 
 
-def _check_reports(entries: Sequence[tuple[Any, Any]], to_summary: Callable[[Any], Any],
+def _check_reports(entries: Sequence[tuple[Any, Any]],
                    ) -> tuple[list[tuple[SnapshotId, Summary, str]], list[tuple[SnapshotId, str]]]:
     """Reported (id, summary) pairs checked before anything is written: (id, summary, meta JSON) for the valid
     ones, (id, why) for the others; one bad report never stops the others from being taken."""
     valid, invalid = [], []
-    for raw, what in entries:
+    for raw, summary in entries:
         try:
             sid = _check_id(raw)
         except (PolicyStoreError, TypeError, ValueError) as exc:
             invalid.append((SnapshotId(*raw) if isinstance(raw, tuple) and len(raw) == 2 else raw, str(exc)))
             continue
         try:
-            summary = to_summary(what)
             valid.append((sid, summary, _check_summary(summary)))
         except (TypeError, InvalidWeightsError) as exc:
             invalid.append((sid, str(exc)))
@@ -210,7 +188,7 @@ class CatalogServer:
         db_path: str,
         config: StoreConfig,
         *,
-        seed: Callable[[], tuple[Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]], Sequence[str],
+        seed: Callable[[], tuple[Sequence[tuple[SnapshotId, Summary]], Sequence[str],
                                   Sequence[SnapshotId]]] | None = None,
         holdings: Callable[[], tuple[Sequence[Holdings], Sequence[str]]] | None = None,
         event_log_keep: int = EVENT_LOG_KEEP,
@@ -368,9 +346,9 @@ class CatalogServer:
                            [(*sid, node) for sid, node in checked[1]])
 
     @_counted
-    def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, str | Summary]], *,
+    def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, Summary]], *,
                   restarted: bool = True) -> Reconciled:
-        """A (re)started store reports the copies on its disk (with their checksum, or better their summary).
+        """A (re)started store reports the copies on its disk, each with its summary.
 
         Answers which to discard (reserved by this node and never committed: a publish killed midway; aborted;
         deleted while the store was away) and which to quarantine (another checksum than the catalog's, or a
@@ -383,8 +361,7 @@ class CatalogServer:
         store removes whatever that publish left). False when a running store re-registers with a new catalog.
         """
         _check_node(node_id)
-        reports, quarantine = _check_reports(
-            held, lambda what: what if isinstance(what, Summary) else Summary(0, what, {}, 0.0, False))
+        reports, quarantine = _check_reports(held)
         discard, kept = [], set()
         with self._write(durable=True) as db:
             for sid, summary, meta in reports:
@@ -420,17 +397,15 @@ class CatalogServer:
         return Reconciled(tuple(discard), tuple(quarantine))
 
     @_counted
-    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary | Mapping[str, Any]]]) -> Adopted:
+    def adopt(self, entries: Sequence[tuple[SnapshotId, Summary]]) -> Adopted:
         """Take the durable tier's committed snapshots (``DurableTier.list_committed()``) into the catalog.
-
-        Each summary is a ``wire.Summary`` or a mapping of its fields (what the durable tier's markers hold).
 
         For a catalog whose database is new (``health().new``): a fresh cluster pointed at an existing durable
         URI sees the league. Entries the catalog already has gain the durable tier as holder; entries it deleted
         or aborted, or that conflict with it, are skipped and said why (the durable tier is never trusted over
         the catalog's own record).
         """
-        checked, invalid = _check_reports(entries, lambda s: Summary(**s) if isinstance(s, Mapping) else s)
+        checked, invalid = _check_reports(entries)
         added, held = [], []
         skipped = [f"{sid}: not a valid summary: {why}" for sid, why in invalid]
         with self._write(durable=True) as db:

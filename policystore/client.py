@@ -540,7 +540,7 @@ class PolicyStore:
         and rebinding its tensors (``.half()``, ``.to(dtype)``, ``.data =``), raise ReadOnlyWeightsError: take a
         private copy (``copy.deepcopy(module)``) to change or convert it. Each module has tensor objects of its own.
         """
-        from .views import build_on_views
+        from .modules import build_on_views
 
         snap = self.get(policy_id, version)
         module = build_on_views(build, snap._buffer, snap._header, str(snap.id))
@@ -579,7 +579,7 @@ class PolicyStore:
         return self._call(StoreServer.list, policy_id, limit, after)
 
     def stats(self) -> StoreStats:
-        """This node's tiers and counters (``stats()["hits"]`` works too)."""
+        """This node's tiers and counters."""
         self._live()
         return self._call(StoreServer.stats)
 

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     for what, nbytes in rows:
         table.add_row(what, f"{nbytes / MiB:.1f}", f"{nbytes / one_copy:.2f}")
     console.print(table)
-    console.print("store:", {k: store.stats()[k] for k in ("hot_bytes", "hot_snapshots", "hits")})
+    console.print("store:", {k: getattr(store.stats(), k) for k in ("hot_bytes", "hot_snapshots", "hits")})
     store.shutdown()
     ray.shutdown()
 

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,8 +46,18 @@ from .errors import (
     InvalidWeightsError,
     SnapshotLostError,
 )
-from .format import META_CREATED, META_POLICY, Header, checksum_of, iter_data, verify_buffer
+from .format import (
+    META_CREATED,
+    META_POLICY,
+    Expected,
+    Header,
+    check_data,
+    check_identity,
+    iter_data,
+    verify_buffer,
+)
 from .ids import SnapshotId, check_policy_id, check_version
+from .wire import Summary
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +71,6 @@ _TMP_PREFIX = ".tmp-"
 _RENAMES = {"local", "hdfs"}
 
 
-class Expectation(Protocol):
-    """What the catalog recorded about a snapshot; a durable copy must match it to be served."""
-
-    policy_id: str
-    version: int
-    checksum: str
-
-
 @dataclass(frozen=True)
 class Commit:
     """The content of a commit marker: which data object holds the snapshot, and what it must hash to."""
@@ -77,7 +79,7 @@ class Commit:
     version: int
     object: str  # data object name, in the policy's folder
     nbytes: int
-    checksum: str  # the snapshot's recorded checksum ("crc32c:..." or "crc32:...")
+    checksum: str  # the snapshot's recorded checksum
     meta: dict[str, Any]
     created: float
     layout: int = LAYOUT
@@ -86,10 +88,20 @@ class Commit:
     def id(self) -> SnapshotId:
         return SnapshotId(self.policy_id, self.version)
 
-    def summary(self) -> dict[str, Any]:
-        """The fields of ``wire.Summary``: what a catalog records for the snapshot."""
-        return {"nbytes": self.nbytes, "checksum": self.checksum, "meta": self.meta, "created": self.created,
-                "durable": True}
+    @classmethod
+    def parse(cls, body: bytes, sid: SnapshotId) -> Commit:
+        """A marker's content, checked to describe ``sid`` and to name a data object of its version in its own
+        folder; ValueError or TypeError otherwise."""
+        commit = cls(**json.loads(body))
+        if not (commit.id == sid and isinstance(commit.nbytes, int) and isinstance(commit.checksum, str)
+                and isinstance(commit.object, str) and posixpath.basename(commit.object) == commit.object
+                and commit.object.startswith(f"{sid.version:010d}.") and commit.object.endswith(DATA_SUFFIX)):
+            raise ValueError(f"it does not describe {sid}")
+        return commit
+
+    def summary(self) -> Summary:
+        """What a catalog records for the snapshot."""
+        return Summary(self.nbytes, self.checksum, self.meta, self.created, durable=True)
 
 
 class DurableTier:
@@ -164,12 +176,8 @@ class DurableTier:
         committing = False
         try:
             _io(lambda: self.fs.create_dir(folder, recursive=True), f"create {folder} for {what}")
-            actual = _io(lambda: self._upload(path, buf, header), f"upload {path} for {what}")
-            if actual != header.checksum:
-                raise CorruptSnapshotError(
-                    f"{what}: checksum mismatch while uploading (recorded {header.checksum}, computed {actual}): "
-                    "its shared-memory copy was written to after publish"
-                )
+            _io(lambda: self._upload(path, buf, header, f"{what} (while uploading: its shared-memory copy was "
+                                                        "written to)"), f"upload {path} for {what}")
             stored = _io(lambda: self.fs.get_file_info(path), f"check {path} for {what}")
             if stored.size != header.nbytes:
                 raise DurableTierError(f"{what}: stored object {path} is {stored.size} bytes, wrote {header.nbytes}")
@@ -202,8 +210,8 @@ class DurableTier:
                     return
         self._delete_quietly(path)
 
-    def _upload(self, path: str, buf: np.ndarray, header: Header) -> str:
-        """Stream the buffer to a new object, checksumming what leaves; returns the checksum of the data."""
+    def _upload(self, path: str, buf: np.ndarray, header: Header, what: str) -> None:
+        """Stream the buffer to a new object, checking the checksum of what leaves (CorruptSnapshotError)."""
         with self.fs.open_output_stream(path) as out:
             out.write(memoryview(buf).cast("B")[: header.data_offset])
 
@@ -212,9 +220,8 @@ class DurableTier:
                     out.write(chunk)
                     yield chunk
 
-            actual = checksum_of(header, sent())
+            check_data(header, sent(), what)
         _sync_local(self.fs, path)
-        return actual
 
     def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:
         self._put_small(self._marker_path(sid), json.dumps(asdict(commit), sort_keys=True).encode())
@@ -243,7 +250,7 @@ class DurableTier:
         return _io(lambda: self.fs.get_file_info(path),
                    f"check whether {sid} was deleted ({path})").type == pafs.FileType.File
 
-    def read(self, sid: SnapshotId, expect: Expectation | None = None) -> np.ndarray:
+    def read(self, sid: SnapshotId, expect: Expected | None = None) -> np.ndarray:
         """The committed snapshot's bytes, verified against its marker (and ``expect``, the catalog's record).
 
         SnapshotLostError if ``sid`` is not committed here; CorruptSnapshotError if the data object is missing,
@@ -273,15 +280,11 @@ class DurableTier:
             raise DurableTierError(f"cannot read {path} for {what}: {_first_line(exc)}") from None
         if len(buf) != commit.nbytes:
             raise CorruptSnapshotError(f"{what}: read {len(buf)} of {commit.nbytes} bytes from {path}")
-        header = verify_buffer(buf, name=what)
-        if header.checksum != commit.checksum or header.metadata.get(META_POLICY) != sid.policy_id:
-            raise CorruptSnapshotError(
-                f"{what}: {path} holds {header.metadata.get(META_POLICY)!r} with {header.checksum}, "
-                f"the commit names {sid.policy_id!r} with {commit.checksum}"
-            )
+        check_identity(verify_buffer(buf, name=what), sid, Expected(*sid, commit.checksum), f"{what} at {path}",
+                       versioned=False)
         return buf
 
-    def list_committed(self, skipped: list[str] | None = None) -> list[tuple[SnapshotId, dict[str, Any]]]:
+    def list_committed(self, skipped: list[str] | None = None) -> list[tuple[SnapshotId, Summary]]:
         """Every committed snapshot, ``(id, summary)`` in id order, from the markers alone.
 
         This is how a fresh catalog learns the league from the URI: summaries have the fields of
@@ -315,14 +318,12 @@ class DurableTier:
     def _marker_id(self, info: pafs.FileInfo, suffix: str = MARKER_SUFFIX) -> SnapshotId | None:
         """The snapshot a listed object is the marker (or, by ``suffix``, the tombstone) of, if it is one (in a
         valid policy folder)."""
-        if info.type != pafs.FileType.File or not info.base_name.endswith(suffix):
-            return None
-        policy_id = posixpath.basename(posixpath.dirname(info.path))
-        stem = info.base_name[: -len(suffix)]
-        if posixpath.dirname(posixpath.dirname(info.path)) != self.root or not stem.isdigit():
+        version = marker_version(info.base_name, suffix)
+        folder = posixpath.dirname(info.path)
+        if info.type != pafs.FileType.File or version is None or posixpath.dirname(folder) != self.root:
             return None
         try:
-            return SnapshotId(check_policy_id(policy_id), check_version(int(stem)))
+            return SnapshotId(check_policy_id(posixpath.basename(folder)), check_version(version))
         except InvalidPolicyIdError:
             return None
 
@@ -332,25 +333,13 @@ class DurableTier:
         path = self._marker_path(sid)
         try:
             with self.fs.open_input_stream(path) as f:
-                raw = json.loads(f.read())
-            commit = Commit(**raw)
-            ok = (
-                commit.id == sid
-                and isinstance(commit.nbytes, int)
-                and isinstance(commit.checksum, str)
-                and posixpath.basename(commit.object) == commit.object
-                and commit.object.startswith(f"{sid.version:010d}.")
-            )
+                return Commit.parse(f.read(), sid)
         except FileNotFoundError:
             return None
         except (pa.ArrowException, OSError) as exc:
             raise DurableTierError(f"cannot read the commit marker {path}: {_first_line(exc)}") from None
-        except (ValueError, TypeError) as exc:  # torn or foreign JSON
-            problem = f"ignoring unreadable commit marker {path}: {exc}"
-        else:
-            if ok:
-                return commit
-            problem = f"ignoring commit marker {path}: it does not describe {sid}"
+        except (ValueError, TypeError) as exc:  # torn or foreign JSON, or a marker of something else
+            problem = f"ignoring unusable commit marker {path}: {exc}"
         log.warning("%s", problem)
         if skipped is not None:
             skipped.append(problem)
@@ -413,11 +402,17 @@ def _without_credentials(uri: str) -> str:
     return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
 
 
+def marker_version(name: str, suffix: str = MARKER_SUFFIX) -> int | None:
+    """The version whose marker (or, by ``suffix``, tombstone) is called ``name``, if it is one."""
+    stem = name.removesuffix(suffix)
+    return int(stem) if name.endswith(suffix) and stem.isdigit() and int(stem) > 0 else None
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def survey(uri: str) -> tuple[list[tuple[SnapshotId, dict[str, Any]]], list[str], list[SnapshotId]]:
+def survey(uri: str) -> tuple[list[tuple[SnapshotId, Summary]], list[str], list[SnapshotId]]:
     """The committed snapshots at ``uri``, one line per marker skipped, and the deleted (tombstoned) ids, whose
     numbers a rebuilt catalog must never hand out again; a plain function, so that ``functools.partial(survey,
     uri)`` can travel to the catalog actor (as its ``seed``) and open the storage there."""

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import crc32c
 import numpy as np
 
-from .errors import CorruptSnapshotError, InvalidWeightsError, PolicyStoreError
+from .errors import CorruptSnapshotError, InvalidMetaError, InvalidWeightsError, PolicyStoreError
+from .ids import SnapshotId
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +60,7 @@ META_CHECKSUM = "policystore.checksum"
 META_USER = "policystore.meta"
 META_POLICY = "policystore.policy_id"
 META_CREATED = "policystore.created"
-META_VERSION = "policystore.version"  # added by the disk tier when it writes a file; not covered by the checksum
+META_VERSION = "policystore.version"  # added by the disk tier when it writes a file (versioned_head); not signed
 UNSIGNED_META = frozenset({META_CHECKSUM, META_VERSION})
 CRC32C = "crc32c"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors limit
@@ -134,12 +135,12 @@ def _torch_code(dtype: Any) -> str | None:
 
 
 def check_meta(meta: Mapping[str, Any] | None) -> str:
-    """The user's meta as canonical JSON, or InvalidWeightsError naming what would not round-trip exactly (or is
+    """The user's meta as canonical JSON, or InvalidMetaError naming what would not round-trip exactly (or is
     nested deeper than MAX_META_DEPTH, or longer than MAX_META_BYTES as JSON). Iterative: any depth is safe."""
     if meta is None:
         return "{}"
     if not isinstance(meta, Mapping):
-        raise InvalidWeightsError(f"meta must be a mapping with str keys, got {type(meta).__name__}")
+        raise InvalidMetaError(f"meta must be a mapping with str keys, got {type(meta).__name__}")
     meta = dict(meta)
     stack: list[tuple[str, Any, int]] = [("meta", meta, 1)]
     while stack:  # iterative: a deeply nested meta must not blow the interpreter's stack
@@ -147,7 +148,7 @@ def check_meta(meta: Mapping[str, Any] | None) -> str:
         if isinstance(value, dict):
             for key in value:
                 if type(key) is not str:
-                    raise InvalidWeightsError(
+                    raise InvalidMetaError(
                         f"{path} has key {key!r} of type {type(key).__name__}: meta keys must be str "
                         "(JSON would turn it into a string)"
                     )
@@ -158,23 +159,23 @@ def check_meta(meta: Mapping[str, Any] | None) -> str:
             continue
         elif type(value) is float:
             if not math.isfinite(value):
-                raise InvalidWeightsError(f"{path} is {value}: meta must be strict JSON (no NaN or infinity)")
+                raise InvalidMetaError(f"{path} is {value}: meta must be strict JSON (no NaN or infinity)")
             continue
         else:
-            raise InvalidWeightsError(
+            raise InvalidMetaError(
                 f"{path} is a {type(value).__name__}: meta values must be JSON types (dict, list, str, int, float, "
                 "bool, None); anything else would not come back as it went in"
             )
         if depth > MAX_META_DEPTH:
-            raise InvalidWeightsError(f"meta is nested deeper than {MAX_META_DEPTH} levels (at {path})")
+            raise InvalidMetaError(f"meta is nested deeper than {MAX_META_DEPTH} levels (at {path})")
         stack.extend((child, v, depth + 1) for child, v in children)
     try:
         text = json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except ValueError as exc:  # e.g. an int too long to print
-        raise InvalidWeightsError(f"meta cannot be written as JSON: {exc}") from None
+        raise InvalidMetaError(f"meta cannot be written as JSON: {exc}") from None
     size = len(text.encode())
     if size > MAX_META_BYTES:
-        raise InvalidWeightsError(
+        raise InvalidMetaError(
             f"meta is {size} bytes as JSON, more than the {MAX_META_BYTES}-byte limit: keep large data elsewhere"
         )
     return text
@@ -258,25 +259,43 @@ def _checksum_behind(header: Header, blocks: Iterator[memoryview]) -> str:
     """Run the copy (``blocks``) here while a helper thread checksums each block as it lands. Both release the
     GIL, so a big pack costs about the longer of the two instead of their sum."""
     landed: queue.SimpleQueue = queue.SimpleQueue()
-    outcome: list[str | BaseException] = []
-
-    def checksum() -> None:
-        try:
-            outcome.append(checksum_of(header, iter(landed.get, None)))
-        except BaseException as exc:  # re-raised by the packing thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=checksum, name="policystore-pack-checksum", daemon=True)
-    thread.start()
+    outcome: list[str] = []
+    check = Background(lambda: outcome.append(checksum_of(header, iter(landed.get, None))))
     try:
         for block in blocks:
             landed.put(block)
     finally:
         landed.put(None)
-        thread.join()
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
+        check.join()
+    check.wait()
     return outcome[0]
+
+
+class Background:
+    """``fn`` on a helper thread: a checksum pass releases the GIL, so the caller's copy runs meanwhile. ``wait()``
+    joins it and re-raises what it raised; without ``fn`` there is nothing to wait for."""
+
+    def __init__(self, fn: Callable[[], object] | None = None):
+        self._error: BaseException | None = None
+        self._thread = None if fn is None else threading.Thread(target=self._run, args=(fn,), daemon=True,
+                                                                 name="policystore-checksum")
+        if self._thread is not None:
+            self._thread.start()
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # re-raised by the waiting thread
+            self._error = exc
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def wait(self) -> None:
+        self.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _default_alloc(nbytes: int) -> np.ndarray:
@@ -325,9 +344,7 @@ def pack(
         META_USER: user_meta,
         META_CHECKSUM: CRC32C + ":" + "0" * 8,  # fixed width: filled in once the data is in place
     }
-    header_len = len(_header_json(entries, metadata))
-    header_len += -(8 + header_len) % 8
-    data_offset = 8 + header_len
+    data_offset = len(_head(entries, metadata))
     total = data_offset + offset
 
     buf = (alloc or _default_alloc)(total)
@@ -338,19 +355,21 @@ def pack(
     blocks = _copied_blocks(buf, data_offset, entries, parts)
     metadata[META_CHECKSUM] = (_checksum_behind(header, blocks) if offset >= _OVERLAP_BYTES
                                else checksum_of(header, blocks))
-    header_json = _header_json(entries, metadata)
-    assert len(header_json) <= header_len, "checksum field changed width"
-    buf[:8] = np.frombuffer(header_len.to_bytes(8, "little"), dtype=np.uint8)
-    buf[8:data_offset] = np.frombuffer(header_json.ljust(header_len, b" "), dtype=np.uint8)
+    head = _head(entries, metadata, data_offset - 8)
+    assert len(head) == data_offset, "checksum field changed width"
+    buf[:data_offset] = np.frombuffer(head, dtype=np.uint8)
     return buf
 
 
-def _header_json(entries: dict[str, TensorEntry], metadata: dict[str, str]) -> bytes:
+def _head(entries: dict[str, TensorEntry], metadata: dict[str, str], room: int = 0) -> bytes:
+    """The length prefix and the header JSON, space-padded to ``room`` bytes where it fits, else just enough for
+    the data to start 8-byte aligned."""
     header: dict[str, Any] = {
         name: {"dtype": e.code, "shape": list(e.shape), "data_offsets": [e.start, e.end]} for name, e in entries.items()
     }
-    header["__metadata__"] = metadata
-    return json.dumps(header, separators=(",", ":")).encode()
+    text = json.dumps({**header, "__metadata__": metadata}, separators=(",", ":")).encode()
+    length = room if len(text) <= room else len(text) + (-(8 + len(text)) % 8)
+    return length.to_bytes(8, "little") + text.ljust(length, b" ")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -364,20 +383,49 @@ def _offset_like(value: object) -> bool:
     return type(value) is int and value >= 0  # bool and float are refused
 
 
+def header_length(head: bytes | memoryview, total: int, name: str) -> int:
+    """The JSON header's length from a buffer's first 8 bytes, checked against the buffer's ``total`` size."""
+    if len(head) < 8:
+        raise CorruptSnapshotError(f"{name}: {total} bytes is too short for a safetensors header")
+    length = int.from_bytes(head[:8], "little")
+    if length > min(MAX_HEADER_BYTES, total - 8):
+        raise CorruptSnapshotError(f"{name}: header length {length} does not fit a buffer of {total} bytes")
+    return length
+
+
 def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int | None = None) -> Header:
     """Parse and validate the header at the start of ``buf`` (which may hold only the header).
 
-    ``total`` is the whole buffer's length when ``buf`` is just its start. Every structural problem raises
-    CorruptSnapshotError naming ``name``: a snapshot that does not parse is never served.
+    ``total`` is the whole buffer's length when ``buf`` is just its start. Every problem, however pathological
+    the header, raises CorruptSnapshotError naming ``name``: a snapshot that does not parse is never served.
     """
     view = memoryview(buf).cast("B")
-    total = len(view) if total is None else total
-    if len(view) < 8:
-        raise CorruptSnapshotError(f"{name}: {total} bytes is too short for a safetensors header")
-    header_len = int.from_bytes(view[:8], "little")
-    if header_len > MAX_HEADER_BYTES or 8 + header_len > total or 8 + header_len > len(view):
-        raise CorruptSnapshotError(f"{name}: header length {header_len} does not fit a buffer of {total} bytes")
+    try:
+        return _parse(view, name, len(view) if total is None else total)
+    except CorruptSnapshotError:
+        raise
+    except Exception as exc:
+        raise CorruptSnapshotError(f"{name}: unreadable header ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def parse_head(head: bytes, *, name: str) -> Header:
+    """Parse a header sent without its data (the buffer's size is what the header describes)."""
+    return parse_header(head, name=name, total=-1)
+
+
+def read_header(read_at: Callable[[int, int], bytes], *, total: int, name: str) -> Header:
+    """Parse the header of a snapshot of ``total`` bytes stored elsewhere (a file, compressed or not), reading
+    only its first bytes: ``read_at(offset, n)`` returns the stored snapshot's bytes ``offset .. offset + n``."""
+    head = read_at(0, 8)
+    return parse_header(head + read_at(8, header_length(head, total, name)), name=name, total=total)
+
+
+def _parse(view: memoryview, name: str, total: int) -> Header:
+    """``total`` -1: the header alone, the buffer as long as it describes."""
+    header_len = header_length(view, len(view) if total < 0 else total, name)
     data_offset = 8 + header_len
+    if data_offset > len(view):
+        raise CorruptSnapshotError(f"{name}: header length {header_len} does not fit a buffer of {len(view)} bytes")
     if data_offset % 8:
         raise CorruptSnapshotError(f"{name}: data section starts at {data_offset}, not 8-byte aligned")
     try:
@@ -412,11 +460,24 @@ def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int 
                 f"{name}: tensor {key!r} starts at {entry.start}, expected {position} (overlap or hole)"
             )
         position = entry.end
+    total = data_offset + position if total < 0 else total
     if data_offset + position != total:
         raise CorruptSnapshotError(
             f"{name}: data section is {total - data_offset} bytes but the header describes {position}"
         )
     return Header(_shared_layout(tensors), metadata, data_offset, total)
+
+
+def head_bytes(buf: np.ndarray) -> bytes:
+    """The header bytes (length prefix + JSON) of a snapshot buffer: what ``parse_head`` reads."""
+    return bytes(buf[: 8 + int.from_bytes(buf[:8].tobytes(), "little")])
+
+
+def versioned_head(header: Header, version: int) -> bytes:
+    """The header with ``META_VERSION`` added to its metadata (not covered by the checksum): the same length when
+    the padding has room (it needs about 40 bytes), else longer (the data's offsets are relative, so they do not
+    change)."""
+    return _head(header.tensors, {**header.metadata, META_VERSION: str(version)}, header.data_offset - 8)
 
 
 # tensor index -> the one dict of entries every header with that index shares (read-only by convention): a league's
@@ -463,21 +524,50 @@ def checksum_of(header: Header, chunks: Iterator[memoryview | bytes]) -> str:
     return f"{CRC32C}:{crc:08x}"
 
 
-def compute_checksum(header: Header, buf: np.ndarray | memoryview) -> str:
-    return checksum_of(header, iter_data(header, buf))
-
-
 def verify_buffer(buf: np.ndarray | memoryview, *, name: str) -> Header:
     """Parse ``buf`` and check its data against the recorded checksum; raise CorruptSnapshotError if not."""
     header = parse_header(buf, name=name)
-    check_checksum(header, compute_checksum(header, buf), name)
+    check_data(header, iter_data(header, buf), name)
     return header
 
 
-def check_checksum(header: Header, actual: str, name: str) -> None:
-    """Raise CorruptSnapshotError naming ``name`` unless ``actual`` is the checksum recorded in ``header``."""
+def check_data(header: Header, chunks: Iterator[memoryview | bytes], name: str) -> None:
+    """Checksum ``chunks`` (the data section, streamed): CorruptSnapshotError naming ``name`` unless it is the
+    checksum recorded in ``header``."""
+    actual = checksum_of(header, chunks)
     if not header.checksum or actual != header.checksum:
         raise CorruptSnapshotError(
             f"{name}: checksum mismatch (recorded {header.checksum or 'none'}, computed {actual}): "
             "the bytes changed after publish"
+        )
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the catalog recorded at publish: a copy (file, object) must hold exactly this snapshot to be served."""
+
+    policy_id: str
+    version: int
+    checksum: str
+
+    @property
+    def id(self) -> SnapshotId:
+        return SnapshotId(self.policy_id, self.version)
+
+
+def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, what: str, *,
+                   versioned: bool = True) -> None:
+    """CorruptSnapshotError unless the header is ``sid`` (the policy id packed in it, and the version the disk
+    tier recorded) with the checksum the catalog recorded (``expect``). ``versioned=False``: a buffer that need not
+    record its version (one about to be written, or a durable data object, which its commit marker names), but if
+    it does, it must match."""
+    inside = header.metadata.get(META_POLICY)
+    if inside != sid.policy_id:
+        raise CorruptSnapshotError(f"{what}: the file holds a snapshot of policy {inside!r}, not {sid.policy_id!r}")
+    version = header.metadata.get(META_VERSION)
+    if version != str(sid.version) and (versioned or version is not None):
+        raise CorruptSnapshotError(f"{what}: the file holds version {version!r}, not {sid.version}")
+    if expect is not None and header.checksum != expect.checksum:
+        raise CorruptSnapshotError(
+            f"{what}: the file records checksum {header.checksum or 'none'}, its publish {expect.checksum}"
         )

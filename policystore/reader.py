@@ -18,34 +18,24 @@ views under their holder, or kill the process with SIGBUS on the next read of a 
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
+from .durable import MARKER_SUFFIX, TOMBSTONE_SUFFIX, Commit, marker_version
 from .errors import CorruptSnapshotError, UnknownPolicyError, UnknownVersionError
-from .format import META_CREATED, Header
+from .format import META_CREATED, Expected, Header
 from .ids import SnapshotId, check_policy_id, check_version
+from .snapfile import SpillFile, header_of, load
 from .snapshot import Snapshot
-from .spill import (
-    READ_FLAGS,
-    Expected,
-    SpillFile,
-    Survey,
-    load,
-    open_folder_fd,
-    read_header,
-    survey,
-)
+from .spill import Survey, open_file, open_folder_fd, survey
 
-MARKER_SUFFIX = ".commit.json"  # the durable tier's commit marker: the snapshot exists once this does
-TOMBSTONE_SUFFIX = ".deleted.json"  # ... unless it also has a tombstone: it was deleted
 _MAX_MARKER_BYTES = 1024 * 1024
 
 
@@ -160,27 +150,19 @@ class FolderReader:
     def _durable(self, sid: SnapshotId, marker: Path, found: Survey) -> _Item | None:
         """The data object a durable commit marker names, checked against the marker (header only)."""
         try:
-            commit = json.loads(self._small(marker))
-            name = commit["object"]
-            if (commit["policy_id"], commit["version"]) != tuple(sid) or not (
-                isinstance(name, str) and os.path.basename(name) == name and name.startswith(f"{sid.version:010d}.")
-                and name.endswith(".safetensors")
-            ):
-                raise ValueError(f"it does not describe {sid}")
-            expect = Expected(sid.policy_id, sid.version, str(commit["checksum"]))
-            path = marker.parent / name
+            commit = Commit.parse(self._small(marker), sid)
+            expect = Expected(sid.policy_id, sid.version, commit.checksum)
+            path = marker.parent / commit.object
             st = os.stat(self._relative(path), dir_fd=self._fd, follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError(f"{path} is not a regular file")
             file = SpillFile(path, False, st.st_size)
             with self._open(path) as f:
-                header = read_header(f, file, sid, versioned=False)
-            if header.checksum != expect.checksum:
-                raise CorruptSnapshotError(f"{sid}: {path} records {header.checksum}, its commit {expect.checksum}")
+                header = header_of(f, file, sid, expect, versioned=False)
             return _Item(_info(sid, file, header), file, expect)
         except FileNotFoundError as exc:
             found.damaged.append((sid, marker, f"{sid}: committed, but {exc.filename or 'its data'} is missing"))
-        except (OSError, ValueError, KeyError, TypeError, CorruptSnapshotError) as exc:
+        except (OSError, ValueError, TypeError, CorruptSnapshotError) as exc:
             found.damaged.append((sid, marker, f"{sid}: unusable commit {marker} ({exc})"))
         return None
 
@@ -200,14 +182,8 @@ class FolderReader:
     def _relative(self, path: Path) -> str:
         return str(path.relative_to(self.path))
 
-    def _open(self, path: Path):
-        """Open a file below the folder without following any symlink on the way."""
-        folder = os.open(self._relative(path.parent), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._fd)
-        try:
-            fd = os.open(path.name, READ_FLAGS, dir_fd=folder)
-        finally:
-            os.close(folder)
-        return open(fd, "rb", buffering=0)
+    def _open(self, path: Path) -> BinaryIO:
+        return open_file(self._fd, self._relative(path.parent), path.name)
 
     def _small(self, path: Path) -> bytes:
         with self._open(path) as f:
@@ -220,12 +196,7 @@ class FolderReader:
 def _markers(found: Survey) -> list[tuple[SnapshotId, Path]]:
     """Durable commit markers among the files the spill survey left alone, less those of deleted snapshots."""
     def named(suffix: str) -> dict[SnapshotId, Path]:
-        out = {}
-        for path in found.others:
-            stem = path.name.removesuffix(suffix)
-            if path.name.endswith(suffix) and stem.isdigit() and len(stem) == 10 and int(stem) > 0:
-                out[SnapshotId(path.parent.name, int(stem))] = path
-        return out
+        return {SnapshotId(p.parent.name, v): p for p in found.others if (v := marker_version(p.name, suffix))}
 
     deleted = named(TOMBSTONE_SUFFIX)
     return [(sid, path) for sid, path in named(MARKER_SUFFIX).items() if sid not in deleted]

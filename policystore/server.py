@@ -48,16 +48,29 @@ from .errors import (
     SnapshotTooLargeError,
     UnknownPolicyError,
 )
-from .format import META_CREATED, META_POLICY, Header, parse_header, verify_buffer
+from .format import (
+    META_CREATED,
+    META_POLICY,
+    Background,
+    Expected,
+    Header,
+    check_data,
+    head_bytes,
+    iter_data,
+    parse_header,
+    verify_buffer,
+)
 from .holders import HolderBatch
 from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
 from .metrics import COUNTERS, StoreMetrics
 from .protect import open_shared, shareable
-from .spill import TOMBSTONES, DiskTier, Expected, Pending, SpillFile
+from .snapfile import SpillFile
+from .spill import TOMBSTONES, DiskTier
 from .staging import StagingMaps
 from .watch import Feed
 from .wire import (
+    DURABLE,
     CatalogEntry,
     CatalogEvents,
     Holdings,
@@ -77,7 +90,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DURABLE = "durable"  # the holder name of the shared durable tier in the catalog
 _FETCH_TIMEOUT_S = 120.0
 # How long a publish waits for a restarting catalog to answer a call that is safe to repeat, so that a catalog
 # killed between its commit and its reply never leaves a version listed whose publish gave up on it.
@@ -133,11 +145,6 @@ def _node_object_store_bytes(node_id: str) -> int:
 def _summary(header: Header, durable: bool) -> Summary:
     return Summary(header.nbytes, header.checksum, header.user_meta, float(header.metadata.get(META_CREATED, 0)),
                    durable)
-
-
-def _head(buf: np.ndarray) -> bytes:
-    """The header bytes (length prefix + JSON) of a snapshot buffer, pushed to readers with its ref."""
-    return bytes(buf[: 8 + int.from_bytes(buf[:8].tobytes(), "little")])
 
 
 def check_durable(durable: object) -> bool:
@@ -395,7 +402,7 @@ class StoreServer:
             with self._lock:
                 self._policies.setdefault(policy_id, {})[sid.version] = entry
                 self._landed.notify_all()
-                self.hot.add(sid, ref, header.nbytes, _head(buf))
+                self.hot.add(sid, ref, header.nbytes, head_bytes(buf))
                 self.feed.raise_latest(*sid)
                 self._count("publishes")
                 if not durable:
@@ -571,7 +578,7 @@ class StoreServer:
         try:  # the checksum runs while the copy into the object store does
             with self._timed("restore_latency"):
                 hot = self.disk.restore(file, str(sid), expect=expect,
-                                        put=lambda buf: HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))]))
+                                        put=lambda buf: HotSnapshot(sid, head_bytes(buf), [ray.put(shareable(buf))]))
         except CorruptSnapshotError:
             with self._lock:
                 self._count("corrupt_reads")
@@ -691,9 +698,9 @@ class StoreServer:
         header = parse_header(buf, name=what)
         if header.checksum != checksum:
             raise CorruptSnapshotError(f"{what}: checksum {header.checksum} != catalog {checksum}")
-        pending = Pending() if verified else Pending(buf, header, what)
+        pending = Background() if verified else Background(lambda: check_data(header, iter_data(header, buf), what))
         try:
-            hot = HotSnapshot(sid, _head(buf), [ray.put(shareable(buf))])
+            hot = HotSnapshot(sid, head_bytes(buf), [ray.put(shareable(buf))])
         finally:
             pending.join()
         pending.wait()

@@ -1,10 +1,8 @@
 """The disk tier: one file per snapshot, ``<root>/<policy_id>/<version:010d>.safetensors[.lz4]``.
 
-A file holds the snapshot's buffer (lz4-framed when that saves space), so ``safetensors.safe_open`` reads it
-directly, or after ``lz4.frame.decompress``. The writer adds the version to the header's metadata
-(``policystore.version``; the checksum does not cover it), so a file says which snapshot it is. Writes go to a
-temp file in the same folder, are fsync'd, and are renamed into place by ``commit`` (then the folder is fsync'd):
-a crash leaves either the whole file or none.
+Each file is written and read by the snapshot-file codec (``snapfile.py``). Writes go to a temp file in the same
+folder, are fsync'd, and are renamed into place by ``commit`` (then the folder is fsync'd): a crash leaves either
+the whole file or none.
 
 Nothing on disk is trusted. A read checks the file's own checksum, the policy id and version recorded inside it,
 and (``expect``) the checksum the catalog recorded at publish; a file that fails is never served and never
@@ -16,15 +14,11 @@ must belong to the running user, and a private tier creates folders 0700 and fil
 from __future__ import annotations
 
 import errno
-import itertools
 import json
 import logging
-import mmap
 import os
-import queue
 import re
 import stat
-import threading
 import time
 import uuid
 import weakref
@@ -34,66 +28,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-import lz4.frame
 import numpy as np
 
+from . import snapfile
 from .config import LEAGUES  # other leagues' folders under a shared spill root
 from .errors import CorruptSnapshotError, DiskFullError, InvalidPolicyIdError, SnapshotFolderError
-from .format import (
-    MAX_HEADER_BYTES,
-    META_POLICY,
-    Header,
-    check_checksum,
-    checksum_of,
-    iter_data,
-    parse_header,
-)
+from .format import Background, Expected, Header, check_identity
 from .ids import SnapshotId, check_policy_id
+from .snapfile import LZ4_SUFFIX, RAW_SUFFIX, READ_FLAGS, NotTheFile, SpillFile
 from .wire import QuarantineRecord
 
 log = logging.getLogger(__name__)
 
-RAW_SUFFIX = ".safetensors"
-LZ4_SUFFIX = ".safetensors.lz4"
-META_VERSION = "policystore.version"  # recorded by the writer; not covered by the checksum
 QUARANTINE = ".quarantine"  # not a valid policy id, so it never clashes with a policy's folder
 TOMBSTONES = ".tombstones"  # deletes the durable tier has not taken yet (durable_queue.py), for a restarted store
 CATALOG_PREFIX = "_catalog"  # the catalog's database (and any damaged copy set aside) may share the spill root
-MAX_LZ4_RATIO = 32  # an lz4 file may claim at most this many bytes per stored byte (the writer keeps to it)
-_LZ4_FLOOR = 1024 * 1024  # ... or this much, for tiny files
 _FILE = re.compile(r"(\d{10})(\.safetensors(?:\.lz4)?)")
 _TMP_PREFIX = ".tmp-"
 _REASON_SUFFIX = ".reason.json"
-_PROBE_BYTES = 4 * 1024 * 1024  # compress this much first; store raw if lz4 saves < 10% on it
-_OVERLAP_BYTES = 8 * 1024 * 1024  # raw files at least this big are checksummed on a thread while put copies them
-_LZ4_STEP = 256 * 1024  # bytes in and at most out per decompression step: the pieces stay in cache
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO in place of a file cannot hang us
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: map and read the whole file in one call
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Expected:
-    """What the catalog recorded at publish: a file must hold exactly this snapshot to be served."""
-
-    policy_id: str
-    version: int
-    checksum: str
-
-    @property
-    def id(self) -> SnapshotId:
-        return SnapshotId(self.policy_id, self.version)
-
-
-@dataclass(frozen=True)
-class SpillFile:
-    """A snapshot file on disk (committed, or a temp file awaiting commit)."""
-
-    path: Path
-    compressed: bool
-    file_bytes: int
 
 
 @dataclass(frozen=True)
@@ -105,15 +60,6 @@ class DiskEntry:
     header: Header
 
 
-@dataclass(frozen=True)
-class ScanResult:
-    """A startup scan: the files adopted, what was left alone (and why), the files moved to quarantine."""
-
-    entries: list[DiskEntry]
-    skipped: list[str]
-    quarantined: list[str]
-
-
 @dataclass
 class Survey:
     """A read-only look at a snapshot folder: good files, junk left alone, damaged files, unfinished temps."""
@@ -123,10 +69,7 @@ class Survey:
     damaged: list[tuple[SnapshotId, Path, str]] = field(default_factory=list)
     temps: list[Path] = field(default_factory=list)
     others: list[Path] = field(default_factory=list)  # other regular files in policy folders (also in skipped)
-
-
-class _NotTheFile(CorruptSnapshotError):
-    """A read failed for a reason that is not the file's fault (gone, I/O error, wrong request): no quarantine."""
+    quarantined: list[str] = field(default_factory=list)  # where ``DiskTier.scan`` moved the damaged files
 
 
 # ---- layout ------------------------------------------------------------------------------------------------
@@ -170,6 +113,12 @@ def _subfolder(name: str, dir_fd: int) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def open_file(dir_fd: int, folder: str, name: str) -> BinaryIO:
+    """``folder/name`` below the folder ``dir_fd``, opened for reading without following any symlink (OSError)."""
+    with _subfolder(folder, dir_fd) as fd:
+        return open(os.open(name, READ_FLAGS, dir_fd=fd), "rb", buffering=0)
 
 
 def survey(root: Path, root_fd: int, policy_id: str | None = None, *, owner: int | None = None) -> Survey:
@@ -225,248 +174,13 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int, 
             sid = SnapshotId(policy_id, parsed[0])
             file = SpillFile(path, parsed[1], st.st_size)
             try:
-                fd = os.open(name, READ_FLAGS, dir_fd=folder_fd)
-                with open(fd, "rb", buffering=0) as f:
-                    header = read_header(f, file, sid)
+                with open(os.open(name, READ_FLAGS, dir_fd=folder_fd), "rb", buffering=0) as f:
+                    header = snapfile.header_of(f, file, sid)
                 found.entries.append(DiskEntry(sid, file, header))
             except OSError as exc:
                 found.skipped.append(f"{path}: {exc.strerror}")
             except Exception as exc:  # any header that does not parse: the file is damaged, whatever the error
                 found.damaged.append((sid, path, f"{exc} [file {path}]"))
-
-
-# ---- reading (shared with reader.py) -------------------------------------------------------------------------
-def read_header(f: BinaryIO, file: SpillFile, sid: SnapshotId, *, versioned: bool = True) -> Header:
-    """Parse a file's header (bounded reads; only the first frames of an lz4 file) and check it is ``sid``
-    (``versioned``: see ``check_identity``)."""
-    what = str(sid)
-    if file.compressed:
-        total = _lz4_claimed_size(f, file.file_bytes, what)
-        head = _lz4_prefix(f, 8)
-        head += _lz4_prefix(f, _header_len(head, total, what), skip=8)
-    else:
-        total = file.file_bytes
-        head = f.read(8)
-        head += f.read(_header_len(head, total, what))
-    header = parse_header(head, name=what, total=total)
-    check_identity(header, sid, None, what, versioned=versioned)
-    return header
-
-
-def check_identity(header: Header, sid: SnapshotId, expect: Expected | None, what: str, *,
-                   versioned: bool = True) -> None:
-    """CorruptSnapshotError unless the header is ``sid`` (the policy id and the version the disk tier recorded)
-    with the checksum the catalog recorded. ``versioned=False``: a buffer that need not record its version (one
-    about to be written, or a durable data object, which its commit marker names), but if it does, it must match."""
-    inside = header.metadata.get(META_POLICY)
-    if inside != sid.policy_id:
-        raise CorruptSnapshotError(f"{what}: the file holds a snapshot of policy {inside!r}, not {sid.policy_id!r}")
-    version = header.metadata.get(META_VERSION)
-    if version != str(sid.version) and (versioned or version is not None):
-        raise CorruptSnapshotError(f"{what}: the file holds version {version!r}, not {sid.version}")
-    if expect is not None and header.checksum != expect.checksum:
-        raise CorruptSnapshotError(
-            f"{what}: the file records checksum {header.checksum or 'none'}, the catalog {expect.checksum}"
-        )
-
-
-def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expected | None, *,
-         versioned: bool = True, private: bool = False) -> tuple[np.ndarray, Pending]:
-    """The file's snapshot buffer, and its checksum check (see DiskTier.read); ``Pending.wait()`` before use.
-
-    A raw file is mapped read-only and read in by the map call (``private``: copied into private memory instead,
-    for a caller that keeps the buffer); a large one's checksum then runs on a helper thread, so the caller can
-    copy the buffer meanwhile (both release the GIL) and the check adds little to the copy. An lz4 file is
-    decompressed into a buffer no larger than its header describes (and at most MAX_LZ4_RATIO times the file)
-    while this thread checksums what has arrived. Content problems raise
-    CorruptSnapshotError, anything else _NotTheFile.
-    """
-    if expect is not None and expect.id != sid:
-        raise _NotTheFile(f"{what}: asked to read {file.path} as {expect.id}")
-    try:
-        if file.compressed:
-            return _lz4_read_verified(f, file, sid, what, expect), Pending()
-        buf = _read_private(f, what) if private else _map_readonly(f)
-        header = _parse(buf, what, len(buf))
-        check_identity(header, sid, expect, what, versioned=versioned)
-        return buf, Pending(buf, header, what)
-    except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
-        raise CorruptSnapshotError(f"{what}: not a valid lz4 frame ({exc})") from None
-    except OSError as exc:
-        raise _NotTheFile(f"{what}: cannot read {file.path} ({exc.strerror})") from None
-
-
-class Pending:
-    """The checksum check of a buffer being handed out: on a helper thread for large buffers, else done at once.
-
-    ``wait()`` returns once it has finished and raises CorruptSnapshotError if the buffer did not verify.
-    """
-
-    def __init__(self, buf: np.ndarray | None = None, header: Header | None = None, what: str = ""):
-        self._result: list[tuple[str | None, BaseException | None]] = []
-        self._header, self._what, self._thread = header, what, None
-        if buf is None or header is None:  # already checked
-            return
-        if header.nbytes < _OVERLAP_BYTES:  # a small buffer checks faster than a thread starts
-            check_checksum(header, checksum_of(header, iter_data(header, buf)), what)
-            return
-        self._thread = threading.Thread(
-            target=lambda: self._result.append(_catch(lambda: checksum_of(header, iter_data(header, buf)))),
-            name="policystore-checksum", daemon=True,
-        )
-        self._thread.start()
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-
-    def wait(self) -> None:
-        self.join()
-        if self._thread is None:
-            return
-        actual, error = self._result[0]
-        if error is not None:
-            raise error
-        check_checksum(self._header, actual, self._what)
-
-
-def _parse(buf: np.ndarray | bytes, what: str, total: int) -> Header:
-    try:
-        return parse_header(buf, name=what, total=total)
-    except CorruptSnapshotError:
-        raise
-    except Exception as exc:  # a header pathological enough to break the parser is still just a bad header
-        raise CorruptSnapshotError(f"{what}: unreadable header ({type(exc).__name__}: {str(exc)[:200]})") from None
-
-
-def _header_len(head: bytes, total: int, what: str) -> int:
-    if len(head) < 8:
-        raise CorruptSnapshotError(f"{what}: {total} bytes is too short for a safetensors header")
-    length = int.from_bytes(head[:8], "little")
-    if length > min(MAX_HEADER_BYTES, total - 8):
-        raise CorruptSnapshotError(f"{what}: header length {length} does not fit a buffer of {total} bytes")
-    return length
-
-
-def _catch(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
-    try:
-        return fn(), None
-    except BaseException as exc:  # handed to the waiting thread, which re-raises it
-        return None, exc
-
-
-def _map_readonly(f: BinaryIO) -> np.ndarray:
-    """The whole file as a read-only uint8 array over a shared read-only map, read in by the map call itself."""
-    size = os.fstat(f.fileno()).st_size
-    if not size:
-        return np.empty(0, dtype=np.uint8)
-    mapped = mmap.mmap(f.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
-    return np.frombuffer(mapped, dtype=np.uint8)
-
-
-def _read_private(f: BinaryIO, what: str) -> np.ndarray:
-    """The whole file as a read-only uint8 array in private memory. A buffer kept for long (a Ray-free reader's
-    views) must not be a shared map of the file: another process truncating the file would make the next read
-    of the lost pages kill this process with SIGBUS."""
-    size = os.fstat(f.fileno()).st_size
-    buf = np.empty(size, dtype=np.uint8)
-    view = memoryview(buf)
-    done = 0
-    while done < size:
-        n = f.readinto(view[done:])
-        if not n:
-            raise CorruptSnapshotError(f"{what}: the file shrank to {done} of {size} bytes while being read")
-        done += n
-    buf.flags.writeable = False
-    return buf
-
-
-def _lz4_claimed_size(f: BinaryIO, file_bytes: int, what: str) -> int:
-    """The decompressed size an lz4 frame records, refused unless a file of ``file_bytes`` can honestly hold it."""
-    size = int(lz4.frame.get_frame_info(f.read(32))["content_size"])
-    f.seek(0)
-    if not size:
-        raise CorruptSnapshotError(f"{what}: the lz4 frame does not record its size (policystore always does)")
-    if size > max(file_bytes * MAX_LZ4_RATIO, _LZ4_FLOOR):
-        raise CorruptSnapshotError(
-            f"{what}: an lz4 file of {file_bytes} bytes claims {size} bytes (more than {MAX_LZ4_RATIO}x): refused"
-        )
-    return size
-
-
-def _lz4_prefix(f: BinaryIO, n: int, *, skip: int = 0) -> bytes:
-    """Bytes ``skip .. skip + n`` of the decompressed stream (from the start of the frame), never more."""
-    f.seek(0)
-    decompressor = lz4.frame.LZ4FrameDecompressor()
-    out = bytearray()
-    while len(out) < skip + n and not decompressor.eof:
-        data = f.read(64 * 1024) if decompressor.needs_input else b""
-        if not data and decompressor.needs_input:
-            break
-        out += decompressor.decompress(data, max_length=skip + n - len(out))
-    return bytes(out[skip : skip + n])
-
-
-def _lz4_read_verified(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str,
-                       expect: Expected | None) -> np.ndarray:
-    """Decompress on a helper thread into a buffer of the recorded size; check header and checksum meanwhile."""
-    buf = np.empty(_lz4_claimed_size(f, file.file_bytes, what), dtype=np.uint8)
-    arrived: queue.SimpleQueue = queue.SimpleQueue()
-    stop = threading.Event()
-
-    def work() -> None:
-        arrived.put(_catch(lambda: _lz4_fill(f, buf, arrived.put, stop)))
-
-    def landed() -> Iterator[int]:
-        while not isinstance(item := arrived.get(), tuple):
-            yield item
-        filled, error = item
-        if error is not None:
-            raise error
-        if filled != len(buf):
-            raise CorruptSnapshotError(f"{what}: file is truncated (only {filled} of {len(buf)} bytes arrived)")
-
-    worker = threading.Thread(target=work, name="policystore-restore", daemon=True)
-    worker.start()
-    try:
-        view = memoryview(buf)
-        progress, filled = landed(), 0
-        for filled in progress:  # the header first: it says where the data starts and what it must hash to
-            if filled >= 8 and filled >= 8 + int.from_bytes(view[:8], "little"):
-                break
-        header = _parse(view[:filled], what, len(buf))
-        check_identity(header, sid, expect, what)
-
-        def data() -> Iterator[memoryview]:
-            start = header.data_offset
-            for end in itertools.chain([filled], progress):
-                if end > start:
-                    yield view[start:end]
-                    start = end
-
-        check_checksum(header, checksum_of(header, data()), what)
-    finally:
-        stop.set()
-        worker.join()
-    return buf
-
-
-def _lz4_fill(f: BinaryIO, buf: np.ndarray, progress: Callable[[int], None], stop: threading.Event) -> int:
-    decompressor = lz4.frame.LZ4FrameDecompressor()
-    got = 0
-    while not decompressor.eof and not stop.is_set():
-        data = f.read(_LZ4_STEP) if decompressor.needs_input else b""
-        if not data and decompressor.needs_input:
-            break
-        out = decompressor.decompress(data, max_length=min(_LZ4_STEP, len(buf) - got + 1))
-        if got + len(out) > len(buf):
-            raise CorruptSnapshotError(f"the lz4 frame holds more than the {len(buf)} bytes it records")
-        buf[got : got + len(out)] = np.frombuffer(out, dtype=np.uint8)
-        got += len(out)
-        progress(got)
-    if decompressor.eof and (decompressor.unused_data or f.read(1)):
-        raise CorruptSnapshotError("bytes follow the end of the lz4 frame")
-    return got
 
 
 # ---- the tier ------------------------------------------------------------------------------------------------
@@ -542,9 +256,6 @@ class DiskTier:
         what = what or str(sid)
         # never relabel another snapshot's bytes
         check_identity(header, sid, None, f"{what} (while spilling)", versioned=False)
-        head = _versioned_head(buf, header, sid.version)
-        total = len(head) + header.nbytes - header.data_offset
-        compressed = self.compress and _worth_compressing(buf)
         tmp = f"{_TMP_PREFIX}{uuid.uuid4().hex}"
         try:
             with self._folder(sid.policy_id, create=True) as folder:
@@ -552,15 +263,11 @@ class DiskTier:
                              self._file_mode, dir_fd=folder)
                 try:
                     with open(fd, "wb") as f:
-                        actual = _write(f, head, buf, header, total, compressed)
-                        if compressed and f.tell() * MAX_LZ4_RATIO < total:  # too good: readers would refuse it
-                            f.seek(0)
-                            f.truncate()
-                            compressed, actual = False, _write(f, head, buf, header, total, False)
+                        compressed = snapfile.write(f, buf, header, sid.version, compress=self.compress, what=(
+                            f"{what} (while spilling: its shared-memory copy was written to)"))
                         f.flush()
                         os.fsync(f.fileno())
                         size = f.tell()
-                    check_checksum(header, actual, f"{what} (while spilling: its shared-memory copy was written to)")
                 except BaseException:
                     os.unlink(tmp, dir_fd=folder)
                     raise
@@ -574,7 +281,7 @@ class DiskTier:
         """Atomically move a temp file to ``sid``'s place."""
         policy_id, name = self._locate(temp)
         if policy_id != sid.policy_id or not name.startswith(_TMP_PREFIX):
-            raise _NotTheFile(f"{temp.path} is not a temp file of {sid.policy_id!r}: cannot commit it as {sid}")
+            raise NotTheFile(f"{temp.path} is not a temp file of {sid.policy_id!r}: cannot commit it as {sid}")
         final = file_name(sid.version, temp.compressed)
         with self._folder(policy_id) as folder:
             os.replace(name, final, src_dir_fd=folder, dst_dir_fd=folder)
@@ -619,46 +326,43 @@ class DiskTier:
             raise self._refuse(file, exc) from None
         return out
 
-    def _load(self, file: SpillFile, what: str, expect: Expected | None) -> tuple[np.ndarray, Pending]:
+    def _load(self, file: SpillFile, what: str, expect: Expected | None) -> tuple[np.ndarray, Background]:
         try:
             policy_id, name = self._locate(file)
-            with self._folder(policy_id) as folder:
-                fd = os.open(name, READ_FLAGS, dir_fd=folder)
-            with open(fd, "rb", buffering=0) as f:
-                st = os.fstat(fd)
+            with open_file(self._fd, policy_id, name) as f:
+                st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode) or (self.private and st.st_uid != os.geteuid()):
-                    raise _NotTheFile(f"{what}: {file.path} is not a regular file of this user")
+                    raise NotTheFile(f"{what}: {file.path} is not a regular file of this user")
                 version = parse_file_name(name)
                 if version is None:
-                    raise _NotTheFile(f"{what}: {file.path} is not a committed snapshot file")
-                return load(f, file, SnapshotId(policy_id, version[0]), what, expect)
+                    raise NotTheFile(f"{what}: {file.path} is not a committed snapshot file")
+                return snapfile.load(f, file, SnapshotId(policy_id, version[0]), what, expect)
         except OSError as exc:
             gone = "has disappeared" if exc.errno == errno.ENOENT else f"cannot be read ({exc.strerror})"
-            raise _NotTheFile(f"{what}: its spill file {file.path} {gone}") from None
+            raise NotTheFile(f"{what}: its spill file {file.path} {gone}") from None
 
     def _refuse(self, file: SpillFile, exc: CorruptSnapshotError) -> CorruptSnapshotError:
         """The error to raise for a read that failed; a file at fault is moved to quarantine first."""
-        if isinstance(exc, _NotTheFile):
+        if isinstance(exc, NotTheFile):
             return exc
         moved = self.quarantine(file, f"{exc} [file {file.path}]")
         return CorruptSnapshotError(f"{exc} [file {file.path}, moved to {moved}]")
 
-    def scan(self) -> ScanResult:
+    def scan(self) -> Survey:
         """Every committed snapshot file under the root (headers only). Never raises on junk: unfinished temp
-        files are removed, damaged or misplaced snapshot files are quarantined, anything else is left alone and
-        reported in ``skipped``."""
+        files are removed, damaged or misplaced snapshot files are quarantined (``quarantined`` says where),
+        anything else is left alone and reported in ``skipped``."""
         found = survey(self.root, self._fd, owner=os.geteuid() if self.private else None)
         for path in found.temps:
             log.info("removing unfinished spill file %s", path)
             self._unlink(SpillFile(path, False, 0), sync=False)
-        quarantined = []
         for _sid, path, reason in found.damaged:
             moved = self.quarantine(SpillFile(path, False, 0), reason)
             if moved is not None:
-                quarantined.append(moved)
+                found.quarantined.append(moved)
         for line in found.skipped:
             log.warning("spill scan: left alone %s", line)
-        return ScanResult(found.entries, found.skipped, quarantined)
+        return found
 
     # ---- quarantine ------------------------------------------------------------------------------------------
     def quarantine(self, file: SpillFile, reason: str) -> str | None:
@@ -713,7 +417,7 @@ class DiskTier:
         """(policy folder, file name) of a file of this tier; nothing outside the root is ever touched."""
         path = Path(file.path)
         if path.parent.parent != self.root:
-            raise _NotTheFile(f"{path} is not a file of the spill folder {self.root}")
+            raise NotTheFile(f"{path} is not a file of the spill folder {self.root}")
         return check_policy_id(path.parent.name), path.name
 
     @contextmanager
@@ -753,38 +457,3 @@ class DiskTier:
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 log.warning("not removing %s: %s", file.path, exc)
-
-
-def _versioned_head(buf: np.ndarray, header: Header, version: int) -> bytes:
-    """The header of ``buf`` with the version added to its metadata: the same length when the padding has room
-    (it needs about 40 bytes), else longer (the data's offsets are relative, so they do not change)."""
-    room = header.data_offset - 8
-    raw = json.loads(bytes(memoryview(buf)[8 : header.data_offset]))
-    raw["__metadata__"] = {**(raw.get("__metadata__") or {}), META_VERSION: str(version)}
-    text = json.dumps(raw, separators=(",", ":")).encode()
-    length = room if len(text) <= room else len(text) + (-(8 + len(text)) % 8)
-    return length.to_bytes(8, "little") + text.ljust(length, b" ")
-
-
-def _write(f: BinaryIO, head: bytes, buf: np.ndarray, header: Header, total: int, compressed: bool) -> str:
-    """Write the file (raw or one lz4 frame recording ``total``); returns the checksum of what was written."""
-    if not compressed:
-        f.write(head)
-        return checksum_of(header, _tee(iter_data(header, buf), f.write))
-    with lz4.frame.LZ4FrameCompressor(block_linked=False) as comp:
-        f.write(comp.begin(total))
-        f.write(comp.compress(head))
-        actual = checksum_of(header, _tee(iter_data(header, buf), lambda c: f.write(comp.compress(c))))
-        f.write(comp.flush())
-    return actual
-
-
-def _worth_compressing(buf: np.ndarray) -> bool:
-    probe = memoryview(buf).cast("B")[:_PROBE_BYTES]
-    return len(lz4.frame.compress(probe)) < 0.9 * len(probe)
-
-
-def _tee(chunks: Iterator[memoryview], sink: Callable[[memoryview], object]) -> Iterator[memoryview]:
-    for chunk in chunks:
-        sink(chunk)
-        yield chunk

@@ -16,7 +16,6 @@ Nothing here imports torch: the store actor uses the feed.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import math
 import threading
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 import ray
 
 from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, store_name
-from .format import Header, parse_header
+from .format import Header, parse_head
 from .ids import SnapshotId
 from .wire import HotSnapshot, StoreEvents
 
@@ -180,10 +179,7 @@ class PushState:
 
 def _parse_pushed(snap: HotSnapshot) -> Header:
     """The header of a pushed snapshot, parsed off the read path (its total size is in the header itself)."""
-    raw = json.loads(snap.header[8:])
-    raw.pop("__metadata__", None)
-    data = max((info["data_offsets"][1] for info in raw.values()), default=0)
-    return parse_header(snap.header, name=str(snap.id), total=len(snap.header) + data)
+    return parse_head(snap.header, name=str(snap.id))
 
 
 class Follower:

@@ -146,9 +146,6 @@ class StoreStats:
     served: int = 0  # copies of snapshots this store handed to other nodes' stores
     served_max_per_snapshot: int = 0  # the most nodes it handed any one snapshot to (bounded: a fan-out tree)
 
-    def __getitem__(self, name: str) -> Any:  # stats()["hits"] keeps working for scripts written against dicts
-        return getattr(self, name)
-
 
 @dataclass(frozen=True)
 class VerifyReport:

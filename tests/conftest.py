@@ -65,20 +65,8 @@ class S3Server:
 @pytest.fixture(scope="module")
 def s3_server():
     """A real S3-compatible server (moto's server mode) on a free loopback port, with one bucket."""
-    import socket
+    from benchmarks.s3gate import S3Gate
 
-    import pyarrow.fs as pafs
-    from moto.server import ThreadedMotoServer
-
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
-        os.environ.setdefault(name, value)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
-                      endpoint_override=f"127.0.0.1:{port}", allow_bucket_creation=True).create_dir("league")
-    yield S3Server(port, "league")
-    server.stop()
+    gate = S3Gate()
+    yield S3Server(gate.server_port, gate.bucket)
+    gate.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from policystore import catalogdb
-from policystore.catalog import CONCURRENCY_GROUPS, MAX_META_BYTES, VERSION_BLOCK, CatalogServer
+from policystore.catalog import CONCURRENCY_GROUPS, VERSION_BLOCK, CatalogServer
 from policystore.config import StoreConfig
 from policystore.errors import (
     CatalogDatabaseError,
@@ -34,6 +34,7 @@ from policystore.errors import (
     UnknownPolicyError,
     UnknownVersionError,
 )
+from policystore.format import MAX_META_BYTES
 from policystore.ids import SnapshotId
 from policystore.wire import DURABLE, Holdings, Summary
 
@@ -168,11 +169,11 @@ def test_lookup_errors_name_the_problem(open_catalog):
 @pytest.mark.parametrize(
     "meta, match",
     [
-        ({"blob": "x" * MAX_META_BYTES}, "over the 65536-byte limit"),
+        ({"blob": "x" * MAX_META_BYTES}, "65536-byte limit"),
         (json.loads('{"a":' * 17 + "1" + "}" * 17), "deeper than 16"),
         ({1: "one"}, "keys must be str"),
-        ({"x": float("nan")}, "not JSON"),
-        ({"x": object()}, "not JSON"),
+        ({"x": float("nan")}, "strict JSON"),
+        ({"x": object()}, "must be JSON types"),
         (["not", "a", "dict"], "must be a dict"),
     ],
 )
@@ -267,17 +268,19 @@ def test_reconcile_discards_what_was_never_committed_and_quarantines_conflicts(o
     old_session = SnapshotId("q", 9)
     gone = catalog.publish("p", "n1", summary("crc32c:06")).id  # n1 no longer has it
     answer = catalog.reconcile("n1", [
-        (good, "crc32c:01"),
-        (swapped, "crc32c:01"),  # another version's bytes under this name
-        (deleted, "crc32c:03"),
-        (killed, "crc32c:04"),
-        (elsewhere, "crc32c:05"),
+        (good, summary("crc32c:01")),
+        (swapped, summary("crc32c:01")),  # another version's bytes under this name
+        (deleted, summary("crc32c:03")),
+        (killed, summary("crc32c:04")),
+        (elsewhere, summary("crc32c:05")),
         (old_session, Summary(42, "crc32c:09", {"step": 9}, 5.0, False)),
         (SnapshotId("r", 1), summary(meta={"x": "y" * MAX_META_BYTES})),
+        (SnapshotId("r", 2), "crc32c:07"),  # a bare checksum is no report: only summaries are taken
     ])
     assert set(answer.discard) == {deleted, killed}
-    assert {sid for sid, _ in answer.quarantine} == {swapped, elsewhere, SnapshotId("r", 1)}
+    assert {sid for sid, _ in answer.quarantine} == {swapped, elsewhere, SnapshotId("r", 1), SnapshotId("r", 2)}
     reasons = dict(answer.quarantine)
+    assert "takes a wire.Summary, got str" in reasons[SnapshotId("r", 2)]
     assert "differs from the catalog's crc32c:02" in reasons[swapped]
     assert "being published by node n2" in reasons[elsewhere]
     assert catalog.lookup("p", swapped.version).holders == ()  # its copy is not counted as a copy
@@ -323,12 +326,13 @@ def test_adopt_takes_the_durable_tiers_league_into_a_new_catalog(open_catalog, t
 
     failed = open_catalog(tmp_path / "failed.sqlite3", seed=unreachable)
     assert failed.health().adopted == 0 and "durable tier unreachable" in failed.health().problems[0]
-    # The durable tier's markers hold the fields of a Summary as a mapping: taken as they are, or said why not.
+    # Only summaries are taken (a mapping of their fields is not one); a bad entry is skipped, said why.
     fields = {"nbytes": 7, "checksum": "crc32c:77", "meta": {"step": 7}, "created": 3.0, "durable": True}
-    answer = catalog.adopt([(SnapshotId("side", 1), fields), (SnapshotId("side", 2), {**fields, "extra": 1}),
-                            (SnapshotId("side", 3), {**fields, "nbytes": "big"})])
+    answer = catalog.adopt([(SnapshotId("side", 1), Summary(**fields)), (SnapshotId("side", 2), fields),
+                            (SnapshotId("side", 3), Summary(**{**fields, "nbytes": "big"}))])
     assert answer.added == (SnapshotId("side", 1),) and catalog.lookup("side").summary.meta == {"step": 7}
     assert [s.split(":")[0] for s in answer.skipped] == ["side@v2", "side@v3"]
+    assert "takes a wire.Summary, got dict" in answer.skipped[0]
 
 
 def test_a_new_database_rebuilds_from_the_stores_and_the_durable_tier_never_reusing_a_version(open_catalog, tmp_path):

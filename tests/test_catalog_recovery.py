@@ -13,12 +13,12 @@ import functools
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 import ray
 import torch
+from helpers import eventually
 
 import policystore
 from policystore import cli
@@ -27,18 +27,6 @@ from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
 from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.format import pack, parse_header
 from policystore.ids import SnapshotId
-
-WAIT_S = 120  # how long a condition may take to come true on a loaded machine (not a timing claim)
-
-
-def wait_for(condition, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
 def weights_of_mib(mib: float, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -61,7 +49,7 @@ def answering(ask):
 def catalog_health():
     """The catalog's health once it answers (it may be restarting)."""
     catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
-    return wait_for(lambda: answering(lambda: ray.get(catalog.health.remote(), timeout=30)), "the catalog answers")
+    return eventually(lambda: answering(lambda: ray.get(catalog.health.remote(), timeout=30)), "the catalog answers")
 
 
 def same(snapshot, weights) -> bool:
@@ -77,7 +65,7 @@ def test_a_catalog_that_loses_its_database_while_stores_run_rebuilds_the_league(
     assert store.publish("p", weights[2]) == ("p", 2)
     assert store.publish("p", weights[3]) == ("p", 3)
     if durable_uri:  # the delete then reaches its durable copy (deletes racing the background upload: not here)
-        wait_for(lambda: "durable" in store.list("p")[2].holders, "p@v3 is in the durable tier")
+        eventually(lambda: "durable" in store.list("p")[2].holders, "p@v3 is in the durable tier")
     store.delete("p", 3)  # its number must never name other bytes, though nothing holds it any more
     assert store.publish("q", weights[4], meta={"step": 4}) == ("q", 1)
     store.flush()
@@ -158,7 +146,7 @@ def test_a_store_killed_mid_durable_publish_leaves_only_what_it_can_serve(make_s
     weights = weights_of_mib(0.25, seed=7)
     with pytest.raises(ray.exceptions.RayActorError):
         store.publish("victim", weights, durable=True)
-    wait_for(lambda: answering(lambda: actor_pid(store_name(store.node_id))) not in (None, pid), "the store restarts")
+    eventually(lambda: answering(lambda: actor_pid(store_name(store.node_id))) not in (None, pid), "the store restarts")
     store.flush()  # its startup reconcile is done
     listed = [tuple(s.id) for s in store.list()]
     tier = DurableTier.open(uri)
@@ -166,7 +154,7 @@ def test_a_store_killed_mid_durable_publish_leaves_only_what_it_can_serve(make_s
         assert listed == [("kept", 1)]
         assert catalog_health().reserved == 0
         # Nothing left but the tombstone that keeps the number used (written in the background).
-        wait_for(lambda: [p.name for p in (tmp_path / "durable" / "victim").glob("*")] in ([], [
+        eventually(lambda: [p.name for p in (tmp_path / "durable" / "victim").glob("*")] in ([], [
             f"{1:010d}.deleted.json"]), "the aborted version's durable leftovers removed")
     else:  # committed: readable (from the node's disk), though the publisher saw an error
         assert listed == [("kept", 1), ("victim", 1)]

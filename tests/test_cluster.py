@@ -3,10 +3,12 @@
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import ray
 import torch
+from helpers import eventually
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -129,7 +131,7 @@ def test_publish_on_one_node_fetch_once_per_node_and_agree(cluster):
     readers_b = [on(b) for _ in range(3)]
     assert ray.get([r.get.remote("agree") for r in readers_b]) == [(2, 2.0, 2.0)] * 3
     stats_b = ray.get(readers_b[0].stats.remote())
-    assert stats_b["fetches"] == 1  # the bytes crossed once; the other readers were served from B's copy
+    assert stats_b.fetches == 1  # the bytes crossed once; the other readers were served from B's copy
     assert ray.get(on(d).get.remote("agree", 1)) == (1, 1.0, 1.0)
 
 
@@ -189,27 +191,45 @@ def test_sigkilled_store_restarts_and_readers_retry(cluster):
     assert ray.get(reader.store_pid.remote()) != 0
 
 
-def test_kill_during_publish_leaves_the_snapshot_whole_or_absent(cluster):
+def _pause_after_spill(flag: str):
+    """For the store actor (``__ray_call__``): its next publish writes its spill file, says so in ``flag``, then
+    stops there, after the catalog's reservation and before its commit, until the process is killed."""
+
+    def install(server) -> None:
+        import time
+
+        write_temp = server.disk.write_temp
+
+        def paused(*args, **kwargs):
+            temp = write_temp(*args, **kwargs)
+            open(flag, "w").close()
+            time.sleep(3600)
+            return temp
+
+        server.disk.write_temp = paused
+
+    return install
+
+
+def test_kill_mid_publish_leaves_no_snapshot_and_its_version_is_never_reused(cluster, tmp_path):
     c, _, _ = cluster
     _, b, d = node_ids(c)
     publisher = on(b)
     ray.get(publisher.node_and_store.remote())
-    pending = publisher.publish.remote("halfway", 5, mib=160, durable=True)
-    time.sleep(1.0)
-    os.kill(ray.get(on(b).store_pid.remote()), signal.SIGKILL)
-    try:
+    store = ray.get_actor(store_name(b), namespace=NAMESPACE)
+    pid = ray.get(store.__ray_call__.remote(lambda self: os.getpid()))
+    flag = tmp_path / "spilled"
+    ray.get(store.__ray_call__.remote(_pause_after_spill(str(flag))))
+    pending = publisher.publish.remote("halfway", 5, mib=8, durable=True)
+    eventually(flag.exists, "the publish to stop between its spill file and the catalog's commit")
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises((ray.exceptions.RayError, policystore.PolicyStoreError)):
         ray.get(pending)
-        published = True
-    except (ray.exceptions.RayError, policystore.PolicyStoreError):
-        published = False
-    versions = [i.id.version for i in policystore.connect(node_id=d).list() if i.id.policy_id == "halfway"]
-    if published:
-        assert versions == [1]
-    if versions:  # complete: every node can fetch it and it verifies
-        assert ray.get(on(d).get.remote("halfway")) == (1, 5.0, 5.0)
-        policystore.connect(node_id=d).verify("halfway")
-    else:
-        assert not published
+    assert [i.id for i in policystore.connect(node_id=d).list() if i.id.policy_id == "halfway"] == []
+    assert ray.get(on(b).publish.remote("halfway", 6, mib=1, durable=True)) == 2  # v1 was handed out: never again
+    assert ray.get(on(d).get.remote("halfway")) == (2, 6.0, 6.0)
+    spill = Path(ray.get(on(b).stats.remote()).spill_dir) / "halfway"
+    assert sorted(f.name for f in spill.iterdir()) == ["0000000002.safetensors"]  # the killed publish left nothing
 
 
 def test_kill_during_fetch_leaves_the_copy_whole_or_absent(cluster):
@@ -264,14 +284,10 @@ def test_sigkilled_catalog_restarts_with_every_version_and_watchers_carry_on(clu
     before = ray.get(catalog.watch.remote(0, 0))
     assert before.reset and before.latest["ledger"] == published[-1]
     os.kill(ray.get(catalog.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
-    deadline = time.monotonic() + 120
-    while True:  # Ray restarts it; it reopens its database
-        try:
-            entry = ray.get(catalog.lookup.remote("ledger"), timeout=30)
-            break
-        except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError, ray.exceptions.GetTimeoutError):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+    entry = eventually(lambda: ray.get(catalog.lookup.remote("ledger"), timeout=30),  # Ray restarts it; it
+                       "the catalog back with its database", every_s=0.2,  # reopens its database
+                       ignore=(ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError,
+                               ray.exceptions.GetTimeoutError))
     assert entry.version == published[-1] and ray.get(catalog.health.remote()).problems == ()
     assert catalog_node() == c.head_node.node_id  # restarted on the head node again
     after = ray.get(catalog.watch.remote(before.seq, 0, before.epoch))

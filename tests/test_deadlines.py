@@ -4,12 +4,12 @@ reads that do not need it keep working, and everything works again once the cata
 
 import os
 import signal
-import time
 from contextlib import contextmanager
 
 import pytest
 import ray
 import torch
+from helpers import eventually
 
 from policystore import DeadlineExceededError, StoreConfig
 
@@ -25,20 +25,6 @@ def stopped(pid: int):
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
-
-
-def poll(fn, timeout_s: float = 120.0):
-    """``fn()`` until it returns something true (None on errors), within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = fn()
-        except DeadlineExceededError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"{fn} did not succeed within {timeout_s} s")
 
 
 def test_default_deadline_and_publish_deadline_scale_with_size():
@@ -61,14 +47,16 @@ def test_a_stopped_catalog_is_a_deadline_error_not_a_hang(make_store):
                 assert "catalog of league 'default'" in str(exc) and "lookup()" in str(exc)
                 return True
 
-        poll(latest_needs_the_catalog)
+        eventually(latest_needs_the_catalog, "latest to need the catalog once the push is stale",
+                   ignore=DeadlineExceededError)
         assert store.get("p", first.version)["w"].sum().item() == 4  # a held version needs no catalog
         with pytest.raises(DeadlineExceededError, match="catalog of league 'default' did not answer list"):
             store.list()
         with pytest.raises(DeadlineExceededError, match="store of league 'default' on node .* publish_staged"):
             store.publish("p", {"w": torch.zeros(4)})
     # running again: every call answers; the timed-out publish may or may not have landed, nothing else changed
-    assert poll(lambda: store.get("p").id.version in (1, 2))
+    assert eventually(lambda: store.get("p").id.version in (1, 2), "reads once the store runs again",
+                      ignore=DeadlineExceededError)
     assert [i.id.version for i in store.list("p")] in ([1], [1, 2])
     assert store.publish("p", {"w": torch.full((4,), 2.0)}).version in (2, 3)
     assert store.get("p")["w"][0].item() == 2.0

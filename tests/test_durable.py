@@ -8,16 +8,16 @@ import pickle
 import signal
 import socket
 import threading
-import time
-from collections import namedtuple
 
 import numpy as np
 import pyarrow.fs as pafs
 import pytest
 import ray
 import torch
+from helpers import RESTARTING, eventually
 
 import policystore
+from benchmarks.s3gate import S3Gate
 from policystore.config import NAMESPACE, store_name
 from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.errors import (
@@ -28,11 +28,9 @@ from policystore.errors import (
     SnapshotLostError,
     UnknownVersionError,
 )
-from policystore.format import pack, parse_header
+from policystore.format import Expected, pack, parse_header
 from policystore.ids import SnapshotId
 from policystore.wire import Summary
-
-Expected = namedtuple("Expected", "policy_id version checksum")  # the shape of the catalog's record
 
 
 def _snapshot(policy_id: str, n: int = 1000, seed: int = 0, meta=None) -> np.ndarray:
@@ -63,12 +61,11 @@ def test_round_trip_and_rebuild_from_the_uri(local_uri):
     assert [sid for sid, _ in listed] == sorted(bufs)
     for sid, summary in listed:
         header = parse_header(bufs[sid], name=str(sid))
-        assert Summary(**summary) == Summary(header.nbytes, header.checksum, header.user_meta,
-                                             summary["created"], durable=True)
+        assert summary == Summary(header.nbytes, header.checksum, header.user_meta, summary.created, durable=True)
         assert fresh.find(sid)
         got = fresh.read(sid, Expected(*sid, header.checksum))
         assert np.array_equal(got, bufs[sid])
-    assert dict(listed)[SnapshotId("exploiter", 5)]["meta"] == {"frozen": True}
+    assert dict(listed)[SnapshotId("exploiter", 5)].meta == {"frozen": True}
 
 
 def test_rewrite_is_idempotent_and_a_conflict_is_refused(tmp_path):
@@ -239,8 +236,8 @@ def test_s3_round_trip_and_rebuild(s3_server, monkeypatch):
     _write(tier, SnapshotId("main_0", 1), buf)
     fresh = DurableTier.open(uri)
     [(sid, summary)] = fresh.list_committed()
-    assert sid == SnapshotId("main_0", 1) and summary["meta"] == {"frozen": True}
-    assert np.array_equal(fresh.read(sid, Expected(*sid, summary["checksum"])), buf)
+    assert sid == SnapshotId("main_0", 1) and summary.meta == {"frozen": True}
+    assert np.array_equal(fresh.read(sid, Expected(*sid, summary.checksum)), buf)
     fresh.remove(sid)
     assert fresh.list_committed() == [] and not tier.find(sid)
 
@@ -352,87 +349,6 @@ def test_s3_server_going_away_mid_upload(s3_server, big, upload_bytes, cut):
 MiB = 1024 * 1024
 
 
-class _Gate:
-    """A TCP proxy in front of the S3 server, switched between ``up`` (forwards), ``hang`` (accepts connections,
-    never answers) and ``down`` (refuses connections, as a server that is not running)."""
-
-    def __init__(self, target_port: int):
-        self.target_port, self.mode = target_port, "up"
-        self.hung = 0  # connections accepted and left unanswered
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._listener: socket.socket | None = None
-        self.port = 0
-        self._listen()
-
-    def _listen(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._sockets.append(client)
-                if self.mode == "down":  # accepted just as the listener closed
-                    client.close()
-                    continue
-                if self.mode == "hang":
-                    self.hung += 1
-                    continue  # held open, never read, never answered
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            with self._lock:
-                self._sockets.append(upstream)
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def set(self, mode: str) -> None:
-        with self._lock:
-            self.mode = mode
-            sockets, self._sockets = self._sockets, []
-        for s in sockets:  # connections a client pooled must not carry on past the switch
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-        if mode == "down" and self._listener is not None:
-            try:
-                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (close alone does not)
-            except OSError:
-                pass
-            self._listener.close()
-            self._listener = None
-        elif mode != "down" and self._listener is None:
-            self._listen()
-
-
-def _eventually(predicate, timeout: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            pass  # the store restarting
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)
-
-
 def _in_time(fn, timeout: float = 120.0):
     """``fn()`` on a thread, failing the test (instead of hanging it) if it does not return."""
     out: list = []
@@ -472,7 +388,7 @@ def test_a_durable_outage_loses_no_acknowledged_snapshot(make_store, s3_server, 
     """Object store down: non-durable publishes are committed on the node's disk (no temp files left, the hot tier
     within its capacity), survive a store kill, and reach the durable tier once it is back; the backlog shows in
     stats."""
-    gate = _Gate(s3_server.port)
+    gate = S3Gate(s3_server.bucket, server_port=s3_server.port)
     gate.set("down")
     uri = _s3_uri(s3_server, gate.port, "outage")
     store = make_store(durable_uri=uri, hot_capacity_bytes=3 * MiB, durable_timeout_s=20)
@@ -483,18 +399,19 @@ def test_a_durable_outage_loses_no_acknowledged_snapshot(make_store, s3_server, 
     stats = store.stats()
     assert stats.hot_bytes <= stats.hot_capacity_bytes and stats.disk_snapshots == len(versions)
     assert sorted(p.name[:10] for p in (tmp_path / "spill" / "out").iterdir()) == [f"{v:010d}" for v in versions]
-    stats = _eventually(lambda: (s := store.stats()).durable_failures and s, what="a failed upload")
+    stats = eventually(lambda: (s := store.stats()).durable_failures and s, "a failed upload", ignore=RESTARTING)
     assert stats.durable_pending == len(versions) and "could not connect" in stats.durable_error.lower()
     assert "testing:testing" not in stats.durable_error  # credentials in the URI are never shown
     os.kill(_store_pid(store), signal.SIGKILL)  # Ray restarts it; it rebuilds from its disk
     policystore.clear_cache()
     for v in versions:
-        assert torch.equal(_eventually(functools.partial(store.get, "out", v))["w"], _weights(v)["w"])
+        got = eventually(functools.partial(store.get, "out", v), f"out@v{v} readable", ignore=RESTARTING)
+        assert torch.equal(got["w"], _weights(v)["w"])
     gate.set("up")
     direct = DurableTier.open(_s3_uri(s3_server, s3_server.port, "outage"))
     wanted = {SnapshotId("out", v) for v in versions}
-    _eventually(lambda: direct.committed_ids() == wanted, timeout=240, what="the uploads after the outage")
-    _eventually(lambda: store.stats().durable_pending == 0, what="an empty backlog")
+    eventually(lambda: direct.committed_ids() == wanted, "the uploads after the outage", 240, ignore=RESTARTING)
+    eventually(lambda: store.stats().durable_pending == 0, "an empty backlog", ignore=RESTARTING)
     for sid in wanted:
         assert torch.equal(torch.from_numpy(direct.read(sid)[-MiB:].copy()).view(torch.float32),
                            _weights(sid.version)["w"])
@@ -505,7 +422,7 @@ def test_a_hanging_durable_tier_blocks_no_read_and_no_non_durable_publish(make_s
     """An object store that accepts connections and never answers: a durable publish fails after the deadline,
     naming the tier, and meanwhile reads (of an unknown version of that policy too) and non-durable publishes
     go on; what was stored stays, and reaches the tier once it answers again."""
-    gate = _Gate(s3_server.port)
+    gate = S3Gate(s3_server.bucket, server_port=s3_server.port)
     store = make_store(durable_uri=_s3_uri(s3_server, gate.port, "hang"), hot_capacity_bytes=3 * MiB,
                        durable_timeout_s=20)
     assert store.publish("h", _weights(1), durable=True).version == 1
@@ -515,7 +432,7 @@ def test_a_hanging_durable_tier_blocks_no_read_and_no_non_durable_publish(make_s
     publisher = threading.Thread(target=lambda: stuck.append(_catch(
         functools.partial(store.publish, "h", _weights(2), durable=True))), daemon=True)
     publisher.start()
-    _eventually(lambda: gate.hung > hung, what="the durable publish reaching the tier")  # nothing else calls it
+    eventually(lambda: gate.hung > hung, "the durable publish reaching the tier")  # nothing else calls it
     with pytest.raises(UnknownVersionError):
         _in_time(functools.partial(store.get, "h", 99))
     assert publisher.is_alive()  # answered while the durable publish of the same policy waits for the tier
@@ -535,13 +452,13 @@ def test_a_hanging_durable_tier_blocks_no_read_and_no_non_durable_publish(make_s
     gate.set("up")
     direct = DurableTier.open(_s3_uri(s3_server, s3_server.port, "hang"))
     wanted = {SnapshotId("h", v) for v in (1, 3, 4, 5, 6)}
-    _eventually(lambda: direct.committed_ids() == wanted, timeout=240, what="the uploads after the hang")
+    eventually(lambda: direct.committed_ids() == wanted, "the uploads after the hang", 240, ignore=RESTARTING)
     assert not direct.find(SnapshotId("h", 2))  # the publish that failed stays out, whatever its upload did
     gate.set("down")
 
 
 def test_a_delete_during_an_outage_reaches_the_durable_tier_after_a_store_restart(make_store, s3_server):
-    gate = _Gate(s3_server.port)
+    gate = S3Gate(s3_server.bucket, server_port=s3_server.port)
     store = make_store(durable_uri=_s3_uri(s3_server, gate.port, "late-delete"), durable_timeout_s=20)
     gone = store.publish("late", _weights(1), durable=True)
     kept = store.publish("late", _weights(2), durable=True)
@@ -549,10 +466,10 @@ def test_a_delete_during_an_outage_reaches_the_durable_tier_after_a_store_restar
     assert store.delete("late", 1) == [gone]
     assert store.stats().durable_error  # its tombstone waits for the tier
     os.kill(_store_pid(store), signal.SIGKILL)
-    _eventually(lambda: store.stats().durable_error, what="the restarted store trying again")
+    eventually(lambda: store.stats().durable_error, "the restarted store trying again", ignore=RESTARTING)
     gate.set("up")
     direct = DurableTier.open(_s3_uri(s3_server, s3_server.port, "late-delete"))
-    _eventually(lambda: direct.deleted_ids() == {gone}, timeout=240, what="the tombstone after the restart")
+    eventually(lambda: direct.deleted_ids() == {gone}, "the tombstone after the restart", 240, ignore=RESTARTING)
     assert direct.committed_ids() == {kept}
     gate.set("down")
 
@@ -570,7 +487,7 @@ def test_deleted_snapshots_never_come_back(make_store, tmp_path):
         else:
             kept.append(sid)
     store.flush()
-    _eventually(lambda: store.stats().durable_pending == 0, what="an empty backlog")
+    eventually(lambda: store.stats().durable_pending == 0, "an empty backlog", ignore=RESTARTING)
     assert {sid for sid, _ in DurableTier.open(uri).list_committed()} == set(kept)
     policystore.client.shutdown_all()
     fresh = policystore.connect(policystore.StoreConfig(spill_dir=str(tmp_path / "fresh"), durable_uri=uri))
@@ -602,7 +519,7 @@ def test_a_damaged_spill_file_heals_from_the_durable_copy(make_store, tmp_path, 
     for _ in range(3):  # every get, not only the first
         assert torch.equal(store.get("heal", 1)["w"], _weights(1)["w"])
         policystore.clear_cache()
-    _eventually(lambda: path.exists(), what="the spill file written again")
+    eventually(lambda: path.exists(), "the spill file written again")
     report = store.verify("heal", 1)
     assert (report.disk, report.durable, report.problems) == (True, True, ())
     assert len(store.stats().quarantined) == (damage == "flipped")
@@ -617,5 +534,6 @@ def test_a_damaged_spill_file_found_by_verify_is_replaced(make_store, tmp_path):
         f.write(b"\0\1\2")
     with pytest.raises(CorruptSnapshotError, match="v@v1 \\(disk copy\\): checksum mismatch.*moved to"):
         store.verify("v", 1)
-    _eventually(lambda: store.verify("v", 1).disk is True, what="the spill file written again from memory")
+    eventually(lambda: store.verify("v", 1).disk is True, "the spill file written again from memory",
+               ignore=RESTARTING)
     assert torch.equal(store.get("v", 1)["w"], _weights(1)["w"])

@@ -2,11 +2,11 @@
 
 import re
 import socket
-import time
 import urllib.request
 
 import pytest
 import ray
+from helpers import eventually
 
 from policystore.errors import PolicyStoreError, UnknownMetricError
 from policystore.metrics import GAUGES, StoreMetrics
@@ -73,18 +73,15 @@ def test_store_metrics_reach_the_prometheus_endpoint(metrics_port):
         + [f"ray_policystore_{c}_total" for c in ("hits", "publishes")]
         + [f"ray_policystore_{h}_seconds_count" for h in ("get_latency", "restore_latency")]
     )
-    deadline = time.monotonic() + SCRAPE_TIMEOUT_S
-    samples: dict[str, float] = {}
-    while time.monotonic() < deadline:
+
+    def scraped() -> dict[str, float] | None:
         try:
             samples = _samples(urllib.request.urlopen(url, timeout=10).read().decode(), node_id)
         except OSError:
-            samples = {}  # the agent may not listen yet
-        if all(name in samples for name in expected):
-            break
-        time.sleep(1)
-    missing = [name for name in expected if name not in samples]
-    assert not missing, f"not exported within {SCRAPE_TIMEOUT_S}s: {missing}; found {sorted(samples)}"
+            return None  # the agent may not listen yet
+        return samples if all(name in samples for name in expected) else None
+
+    samples = eventually(scraped, f"{expected} exported at {url}", SCRAPE_TIMEOUT_S, every_s=1)
     assert samples["ray_policystore_hits_total"] == 3
     assert samples["ray_policystore_hot_bytes"] == 4096
     assert samples["ray_policystore_hot_snapshots"] == 2

@@ -11,7 +11,6 @@ import ctypes
 import errno
 import glob
 import os
-import time
 import zlib
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 import ray
 import torch
 import torch.nn.functional as F
+from helpers import eventually
 from torch import nn
 
 import policystore
@@ -119,16 +119,15 @@ def shared(ray_session):
 
 
 def worker_log(pid: int) -> str:
-    """Everything the worker process ``pid`` wrote to its stderr log (Ray's per-worker .err file)."""
-    deadline = time.monotonic() + 30
-    text = ""
-    while time.monotonic() < deadline:
+    """Everything the worker process ``pid`` wrote to its stderr log (Ray's per-worker .err file), once it holds
+    the traceback of a segfault."""
+
+    def traceback() -> str | None:
         files = glob.glob(f"/tmp/ray/session_*/logs/worker-*-{pid}.err")
         text = "".join(open(f, errors="replace").read() for f in files)
-        if "Segmentation fault" in text and "Stack (most recent call first)" in text:
-            break
-        time.sleep(0.5)
-    return text
+        return text if "Segmentation fault" in text and "Stack (most recent call first)" in text else None
+
+    return eventually(traceback, f"the segfault's traceback in worker {pid}'s log", 30, every_s=0.5)
 
 
 def test_pages_are_read_only_in_every_reader(shared):

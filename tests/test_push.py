@@ -8,11 +8,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import pytest
 import ray
 import torch
+from helpers import WAIT_S, eventually
 from torch import nn
 
 import policystore
@@ -21,7 +21,6 @@ from policystore.config import CATALOG_NAME, NAMESPACE, store_name
 from policystore.errors import UnknownPolicyError, UnknownVersionError
 
 MiB = 1024 * 1024
-WAIT_S = 60  # how long a condition may take to come true on a loaded machine (not a timing claim)
 
 
 def net() -> nn.Module:
@@ -30,16 +29,6 @@ def net() -> nn.Module:
 
 def weights_of_mib(mib: float, seed: int = 0) -> dict[str, torch.Tensor]:
     return {"w": torch.randn(int(mib * MiB) // 4, generator=torch.Generator().manual_seed(seed))}
-
-
-def wait_for(condition, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {WAIT_S} s: {what}")
 
 
 def actor_pid(name: str) -> int:
@@ -98,7 +87,7 @@ def test_commits_reach_other_processes_and_their_gets_skip_the_store(make_store,
     source = net()
     store.publish("p", net().state_dict())
     store.publish("p", source.state_dict(), meta={"elo": 1})
-    wait_for(lambda: pushed(reader, "p", 2), "p@v2 pushed to the reader")
+    eventually(lambda: pushed(reader, "p", 2), "p@v2 pushed to the reader")
     assert ray.get(reader.get.remote("p")) == (("p", 2), 0)  # latest: a lookup, no call to the store
     assert ray.get(reader.get.remote("p", 1)) == (("p", 1), 0)  # a hot version: one ray.get of a held ref
     assert ray.get(reader.load_twice.remote("p"))  # held: the same snapshot, not fetched again
@@ -116,11 +105,11 @@ def test_a_publisher_reads_its_own_write_at_once(make_store):
 def test_stale_push_falls_back_to_the_store_and_held_refs_still_serve(make_store, reader):
     store = make_store(max_staleness_s=0.4)
     store.publish("p", net().state_dict())
-    wait_for(lambda: pushed(reader, "p", 1), "p@v1 pushed")
+    eventually(lambda: pushed(reader, "p", 1), "p@v1 pushed")
     catalog = actor_pid(CATALOG_NAME)
     os.kill(catalog, signal.SIGSTOP)  # the store hears nothing more: its push goes stale, then the readers'
     try:
-        wait_for(lambda: not ray.get(reader.push_state.remote()).fresh, "the reader's push to go stale")
+        eventually(lambda: not ray.get(reader.push_state.remote()).fresh, "the reader's push to go stale")
         assert ray.get(reader.get.remote("p", 1)) == (("p", 1), 0)  # a pushed ref needs neither store nor catalog
         answer = []
         getter = threading.Thread(target=lambda: answer.append(ray.get(reader.get.remote("p"))))
@@ -137,12 +126,12 @@ def test_a_restarted_store_is_followed_again(make_store, reader):
     store = make_store(max_staleness_s=0.4)
     source = net()
     store.publish("p", source.state_dict(), durable=True)
-    wait_for(lambda: pushed(reader, "p", 1), "p@v1 pushed")
+    eventually(lambda: pushed(reader, "p", 1), "p@v1 pushed")
     os.kill(actor_pid(store_name(store.node_id)), signal.SIGKILL)  # Ray restarts it; it rebuilds from disk
     policystore.clear_cache()
     x = torch.randn(3, 16)
     assert torch.equal(store.load_module("p", net)(x), source(x))  # rides out the restart with round trips
-    wait_for(lambda: pushed(reader, "p", 1), "the restarted store's copy pushed")  # new epoch, new ref
+    eventually(lambda: pushed(reader, "p", 1), "the restarted store's copy pushed")  # new epoch, new ref
     assert ray.get(reader.get.remote("p"))[0] == ("p", 1)
 
 
@@ -150,16 +139,16 @@ def test_deletes_are_pushed_and_never_served_again(make_store, reader):
     store = make_store(max_staleness_s=2.0)
     for _ in range(2):
         store.publish("p", net().state_dict())
-    wait_for(lambda: pushed(reader, "p", 2), "p@v2 pushed")
+    eventually(lambda: pushed(reader, "p", 2), "p@v2 pushed")
     assert ray.get(reader.get.remote("p"))[0] == ("p", 2)  # the reader holds v2 now
     assert store.delete("p", 2) == [("p", 2)]
     assert store.get("p").id.version == 1  # the deleting process at once
-    wait_for(lambda: pushed(reader, "p", 1) and ("p", 2) not in ray.get(reader.push_state.remote()).hot,
+    eventually(lambda: pushed(reader, "p", 1) and ("p", 2) not in ray.get(reader.push_state.remote()).hot,
              "the delete pushed")
     assert ray.get(reader.get.remote("p"))[0] == ("p", 1)
     assert ray.get(reader.get_error.remote("p", 2)) == UnknownVersionError.__name__
     store.delete("p")
-    wait_for(lambda: "p" not in ray.get(reader.push_state.remote()).latest, "the policy's end pushed")
+    eventually(lambda: "p" not in ray.get(reader.push_state.remote()).latest, "the policy's end pushed")
     assert ray.get(reader.get_error.remote("p")) == UnknownPolicyError.__name__
 
 
@@ -172,14 +161,14 @@ def test_eviction_is_pushed_and_readers_let_go_of_the_memory(make_store, reader)
 
     store = make_store(hot_capacity_bytes=int(5.5 * MiB), max_staleness_s=2.0)
     store.publish("a", weights_of_mib(4))
-    wait_for(lambda: pushed(reader, "a", 1), "a pushed")
+    eventually(lambda: pushed(reader, "a", 1), "a pushed")
     assert object_store_used() >= 4 * MiB
     store.publish("b", weights_of_mib(1, seed=1))
     store.publish("c", weights_of_mib(1, seed=2))  # over capacity: a is evicted (it is on disk by now)
     # each process's follower hears of the eviction on its own long poll: wait for both, in either order
-    wait_for(lambda: ("a", 1) not in ray.get(reader.push_state.remote()).hot, "a's eviction pushed to the reader")
-    wait_for(lambda: ("a", 1) not in store.push_state().hot, "a's eviction pushed to this process")
-    wait_for(lambda: object_store_used() < 3 * MiB, "a's memory freed once no process holds it")
+    eventually(lambda: ("a", 1) not in ray.get(reader.push_state.remote()).hot, "a's eviction pushed to the reader")
+    eventually(lambda: ("a", 1) not in store.push_state().hot, "a's eviction pushed to this process")
+    eventually(lambda: object_store_used() < 3 * MiB, "a's memory freed once no process holds it")
     assert ray.get(reader.get.remote("a"))[0] == ("a", 1)  # and it comes back from disk on demand
 
 
@@ -188,7 +177,7 @@ def test_clear_cache_drops_this_process_snapshots(make_store):
     store.publish("p", net().state_dict())
     first = store.get("p")
     catalog = ray.get(ray.get_actor(CATALOG_NAME, namespace=NAMESPACE).health.remote()).epoch
-    wait_for(lambda: store.push_state().catalog_epoch == catalog, "the new catalog's epoch pushed to this process")
+    eventually(lambda: store.push_state().catalog_epoch == catalog, "the new catalog's epoch pushed to this process")
     assert store.get("p") is first  # what this process got from the new catalog is not forgotten as 'renumbered'
     policystore.clear_cache()
     again = store.get("p")
@@ -267,7 +256,7 @@ def test_one_staging_file_per_publisher_reused_and_removed_once_it_is_gone(make_
         assert torch.equal(store.get("from_actor", 1)["w"], weights_of_mib(0.25, seed=0)["w"])
         assert torch.equal(store.get("from_actor", 2)["w"], weights_of_mib(0.25, seed=1)["w"])
         os.kill(pid, signal.SIGKILL)  # killed: nothing of it removes its file; the store's sweep does
-        wait_for(lambda: not os.path.exists(files[0]), "the killed publisher's staging file is removed")
+        eventually(lambda: not os.path.exists(files[0]), "the killed publisher's staging file is removed")
         store.publish("p", net().state_dict())
         assert live.exists()  # a live process's file is never taken
         assert store.get("p")["0.weight"].shape == (32, 16)

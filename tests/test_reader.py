@@ -48,7 +48,7 @@ def test_reads_what_a_real_store_wrote(make_store, tmp_path):
     for (pid, _), w in published.items():
         store.publish(pid, w, meta={"seed": int(w["steps"])})
     store.flush()
-    folder = open_folder(store.stats()["spill_dir"])
+    folder = open_folder(store.stats().spill_dir)
 
     infos = {tuple(i.id): i for i in folder.list()}
     recorded = {tuple(i.id): i for i in store.list()}
@@ -174,6 +174,20 @@ def test_durable_folder_layout(tmp_path):
     assert len(problems) == 2 and any("v3" in line for line in problems) and any("v5" in line for line in problems)
     with pytest.raises(CorruptSnapshotError):
         folder.get("p")  # v5 is committed but unusable: refused rather than silently serving v2
+
+
+def test_durable_versions_past_ten_digits_are_read_as_the_durable_tier_lists_them(tmp_path):
+    """The reader takes marker names as the durable tier does: a version of 11 digits is a snapshot, not junk."""
+    from policystore.durable import DurableTier
+
+    tier = DurableTier.open(str(tmp_path / "durable"))
+    sid = SnapshotId("p", 10**10)
+    buf = pack(weights(1), policy_id="p")
+    tier.write(sid, buf, parse_header(buf, name="x"))
+    assert [s for s, _ in tier.list_committed()] == [sid]
+    folder = open_folder(tmp_path / "durable")
+    assert [i.id for i in folder.list()] == [sid] and folder.verify() == []
+    assert same(folder.tensors("p"), weights(1))
 
 
 def test_bad_requests_raise_clear_errors(spill_folder, tmp_path):

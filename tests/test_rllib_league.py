@@ -7,10 +7,10 @@ checkpoint and restore (beside it and into it, while it runs), and a league the 
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
+from helpers import eventually
 
 pytest.importorskip("ray.rllib")
 
@@ -84,15 +84,10 @@ def kill_env_runner(algorithm, index: int = 1):
     actor = algorithm.env_runner_group._worker_manager._actors[index]
     old_pid = ray.get(actor.apply.remote(lambda runner: os.getpid()))
     ray.kill(actor, no_restart=False)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if ray.get(actor.apply.remote(lambda runner: os.getpid()), timeout=10) != old_pid:
-                return actor
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-        assert time.monotonic() < deadline, "Ray did not restart the EnvRunner"
-        time.sleep(0.5)
+    eventually(lambda: ray.get(actor.apply.remote(lambda runner: os.getpid()), timeout=10) != old_pid,
+               "Ray restarting the EnvRunner", 60, every_s=0.5,
+               ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError))
+    return actor
 
 
 def test_frozen_modules_are_store_views_and_stay_off_the_learners(algo):
@@ -221,13 +216,12 @@ def trainable(algorithm) -> list[bool]:
 
 def train_healthy(algorithm) -> dict:
     """A train() that every remote EnvRunner took part in (after a failure Ray first restarts the dead ones)."""
-    deadline = time.monotonic() + 180
-    while True:
+    def healthy_train() -> dict | None:
         healthy_before = algorithm.env_runner_group.num_healthy_remote_workers() == 2
         result = algorithm.train()
-        if healthy_before and algorithm.env_runner_group.num_healthy_remote_workers() == 2:
-            return result
-        assert time.monotonic() < deadline, "EnvRunners did not come back healthy"
+        return result if healthy_before and algorithm.env_runner_group.num_healthy_remote_workers() == 2 else None
+
+    return eventually(healthy_train, "EnvRunners back healthy", 180, every_s=0)
 
 
 @pytest.mark.parametrize("how", ["restore_from_path", "restore"])

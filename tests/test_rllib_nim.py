@@ -77,10 +77,10 @@ def test_nim_league_with_store_backed_opponents(ray_session, monkeypatch):
         store = policystore.connect()
         listed = {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()}
         assert {"main_v1", "main_v2", "main_v3"} <= listed
-        hot = store.stats()["hot_bytes"]
+        hot = store.stats().hot_bytes
         size = next(row.nbytes for row in store.list() if row.id == frozen_modules(algorithm)["main_v2"])
         remove_frozen(algorithm, "main_v2", delete_snapshot=True)
         assert "main_v2" not in {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()}
-        assert store.stats()["hot_bytes"] == hot - size
+        assert store.stats().hot_bytes == hot - size
     finally:
         algorithm.stop()

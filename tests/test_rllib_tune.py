@@ -8,12 +8,12 @@ same time under the same module ids.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import safetensors.numpy
+from helpers import eventually
 
 pytest.importorskip("ray.rllib")
 
@@ -36,10 +36,8 @@ class BothTrialsAtOnce(RLlibCallback):
         if algorithm.iteration != 1:
             return
         _internal_kv_put(f"{BARRIER}{league_name(algorithm)}".encode(), b"1", namespace="test")
-        deadline = time.monotonic() + 300
-        while len(_internal_kv_list(BARRIER.encode(), namespace="test")) < 2:
-            assert time.monotonic() < deadline, "the other trial never reached its first iteration"
-            time.sleep(0.2)
+        eventually(lambda: len(_internal_kv_list(BARRIER.encode(), namespace="test")) >= 2,
+                   "the other trial reaching its first iteration", 300, every_s=0.2)
 
 
 def checkpoint_bytes(path: str) -> dict[str, dict[str, bytes]]:

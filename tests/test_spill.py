@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policystore.errors import CorruptSnapshotError, SnapshotFolderError
-from policystore.format import pack, parse_header
+from policystore.format import META_VERSION, Expected, pack, parse_header
 from policystore.ids import SnapshotId
-from policystore.spill import MAX_LZ4_RATIO, META_VERSION, QUARANTINE, DiskTier, Expected, SpillFile
+from policystore.snapfile import MAX_LZ4_RATIO, SpillFile
+from policystore.spill import QUARANTINE, DiskTier
 
 
 def packed(policy_id: str, seed: int = 0, *, compressible: bool = False) -> np.ndarray:
@@ -208,7 +209,8 @@ def test_lz4_frames_claiming_more_than_they_can_honestly_hold_are_refused_with_b
     bomb.write_bytes(_lz4_claiming(3 << 30, os.urandom(6_600_000)))
     code = f"""
 import resource, sys
-from policystore.spill import DiskTier, SpillFile
+from policystore.snapfile import SpillFile
+from policystore.spill import DiskTier
 from policystore.errors import CorruptSnapshotError
 tier = DiskTier({str(tier.root)!r})
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -6,7 +6,6 @@ import mmap
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import lz4.frame
 import pytest
 import ray
 import torch
+from helpers import RESTARTING, eventually
 from safetensors import safe_open
 from sample_weights import mixed_weights, same_bits
 from torch import nn
@@ -170,7 +170,7 @@ def test_workers_on_a_node_share_one_copy(make_store, readers):
     store = make_store()
     k, one_copy = 8, 8 * 4 * MiB
     ray.get(readers[0].publish_nets.remote(k))
-    assert store.stats()["hot_bytes"] >= one_copy
+    assert store.stats().hot_bytes >= one_copy
     ray.get([r.store_actor_id.remote() for r in readers])  # every worker connected (imports are not snapshots)
     published = session_pss_bytes()
     results = ray.get([r.load.remote(k, private=False) for r in readers])
@@ -257,12 +257,12 @@ def test_lru_eviction_and_transparent_restore(make_store):
     assert tiers["p0"] == "disk" and tiers["p3"] == "hot"
     store.flush()
     stats = store.stats()
-    assert stats["hot_bytes"] <= stats["hot_capacity_bytes"] and stats["evictions"] == 2
-    assert stats["disk_snapshots"] == 4 and stats["hot_snapshots"] == 2
+    assert stats.hot_bytes <= stats.hot_capacity_bytes and stats.evictions == 2
+    assert stats.disk_snapshots == 4 and stats.hot_snapshots == 2
     assert torch.equal(held["w"], originals["p0"]["w"])  # views survive eviction
     for pid, w in originals.items():
         assert torch.equal(store.get(pid)["w"], w["w"]), pid
-    assert store.stats()["restores"] >= 2
+    assert store.stats().restores >= 2
     store.delete("p0")
     assert torch.equal(held["w"], originals["p0"]["w"])  # ... and deletion
 
@@ -275,7 +275,7 @@ def test_spill_files_are_plain_safetensors_raw_or_lz4(make_store):
     infos = {i.id.policy_id: i for i in store.list()}
     assert not infos["rand"].compressed and infos["round"].compressed  # lz4 only where it pays
     assert infos["round"].file_bytes < infos["round"].nbytes
-    spill = Path(store.stats()["spill_dir"])
+    spill = Path(store.stats().spill_dir)
     raw = spill / "rand" / "0000000001.safetensors"
     with safe_open(raw, framework="pt") as f:
         assert torch.equal(f.get_tensor("w"), weights_of_mib(1)["w"])
@@ -296,9 +296,9 @@ def test_corrupt_spill_file_is_never_served(make_store, compressible, damage):
     assert {i.id.policy_id: i.tier for i in store.list()}["victim"] == "disk"
     # until this process's push has seen the eviction (other became hot before victim went): no process then
     # keeps the memory copy alive, and the get below must go to the damaged file
-    while not (("other", 1) in (hot := store.push_state().hot) and ("victim", 1) not in hot):
-        time.sleep(0.01)
-    path = next((Path(store.stats()["spill_dir"]) / "victim").iterdir())
+    eventually(lambda: ("other", 1) in (hot := store.push_state().hot) and ("victim", 1) not in hot,
+               "the eviction pushed to this process")
+    path = next((Path(store.stats().spill_dir) / "victim").iterdir())
     data = bytearray(path.read_bytes())
     if damage == "flip":  # 16 bytes: one flipped byte of an lz4 stream can be a match offset that still points at
         for i in range(len(data) // 2, len(data) // 2 + 16):  # equal bytes (the decoded snapshot is then right)
@@ -319,7 +319,7 @@ def test_durable_publish_is_on_disk_when_it_returns(make_store):
     sid = store.publish("main_0", net().state_dict(), durable=True)
     info = store.list("main_0")[0]
     assert info.id == sid and info.on_disk
-    assert (Path(store.stats()["spill_dir"]) / "main_0" / "0000000001.safetensors").exists()
+    assert (Path(store.stats().spill_dir) / "main_0" / "0000000001.safetensors").exists()
 
 
 def test_restarted_store_rebuilds_its_catalog_from_disk(make_store):
@@ -329,7 +329,8 @@ def test_restarted_store_rebuilds_its_catalog_from_disk(make_store):
     store.publish("main_0", net().state_dict())
     store.flush()
     os.kill(store_actor_info()[1], 9)  # Ray restarts the detached store (max_restarts=-1)
-    rows = _retry(store.list, policy_id="main_0")
+    rows = eventually(lambda: store.list(policy_id="main_0"), "the store back after its kill",
+                      ignore=RESTARTING, every_s=0.1)
     assert [(r.id.version, r.tier, r.meta) for r in rows] == [(1, "disk", {"elo": 1200}), (2, "disk", {})]
     policystore.clear_cache()
     x = torch.randn(2, 64)
@@ -337,21 +338,11 @@ def test_restarted_store_rebuilds_its_catalog_from_disk(make_store):
     assert store.publish("main_0", source.state_dict()).version == 3  # numbering continues
     store.flush()
     # A brand-new store on the same spill dir finds the same catalog.
-    spill_dir = store.stats()["spill_dir"]
+    spill_dir = store.stats().spill_dir
     store.shutdown()
     fresh = policystore.connect(StoreConfig(spill_dir=spill_dir))
     assert [r.id.version for r in fresh.list("main_0")] == [1, 2, 3]
     assert torch.equal(fresh.load_module("main_0", net)(x), source(x))
-
-
-def _retry(fn, *args, attempts=100, **kwargs):
-
-    for _ in range(attempts):
-        try:
-            return fn(*args, **kwargs)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            time.sleep(0.1)
-    return fn(*args, **kwargs)
 
 
 # ---- placement and concurrency ------------------------------------------------------------------------------
@@ -410,7 +401,7 @@ def test_concurrent_gets_of_an_evicted_snapshot_restore_it_once(make_store):
     store.flush()
     actor = store_actor()
     answers = ray.get([actor.resolve.remote("a") for _ in range(6)])  # six readers at once, straight to the store
-    assert len({a.refs[0].hex() for a in answers}) == 1 and store.stats()["restores"] == 1
+    assert len({a.refs[0].hex() for a in answers}) == 1 and store.stats().restores == 1
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------
@@ -452,7 +443,7 @@ def test_delete_frees_the_version_for_good(make_store):
     assert store.get("p").id.version == 2
     assert store.publish("p", net().state_dict()).version == 4  # versions are never reused
     assert held["0.weight"].shape == (128, 64)  # views held stay valid
-    assert not (Path(store.stats()["spill_dir"]) / "p" / "0000000003.safetensors").exists()
+    assert not (Path(store.stats().spill_dir) / "p" / "0000000003.safetensors").exists()
 
 
 def test_list_pages_through_the_store_and_refuses_bad_cursors(make_store):

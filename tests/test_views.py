@@ -15,7 +15,8 @@ from torch import nn
 
 from policystore import format as fmt
 from policystore.errors import InvalidWeightsError, ReadOnlyWeightsError, ShapeMismatchError
-from policystore.views import SharedParameter, SharedTensor, build_on_views, fast_reads, tensor_views
+from policystore.modules import build_on_views
+from policystore.views import SharedParameter, SharedTensor, fast_reads, tensor_views
 
 
 def make_net() -> nn.Module:

@@ -60,7 +60,8 @@ class Probe(PolicyNet):
 
 def test_a_net_policy_over_store_views_runs_its_forward_without_the_guards_dispatch():
     from policystore import format as fmt
-    from policystore.views import SharedTensor, build_on_views
+    from policystore.modules import build_on_views
+    from policystore.views import SharedTensor
 
     buf = fmt.pack(Probe(16).state_dict(), policy_id="p")
     buf.flags.writeable = False

@@ -10,6 +10,7 @@ import numpy as np
 from rich.table import Table
 
 from league.constants import DEFAULT_PLAYER, HISTORICAL, is_frozen
+from policystore import StoreStats
 from policystore.memory import MiB
 
 
@@ -109,7 +110,7 @@ def learning_curve(curve: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def memory_report(stats: dict[str, Any], infos: list[Any], workers: int) -> dict[str, Any]:
+def memory_report(stats: StoreStats, infos: list[Any], workers: int) -> dict[str, Any]:
     """The node store's memory against what private copies in every worker would cost.
 
     ``infos`` is ``store.list()``. Private copies: every rollout worker holding its own copy of every league
@@ -127,9 +128,9 @@ def memory_report(stats: dict[str, Any], infos: list[Any], workers: int) -> dict
         "frozen_snapshots": len(frozen),
         "league_policies": len(frozen) + len(latest),
         "league_policy_mib": policies / MiB,
-        "store_hot_mib": stats["hot_bytes"] / MiB,
-        "store_hot_snapshots": stats["hot_snapshots"],
-        "store_disk_mib": stats["disk_bytes"] / MiB,
+        "store_hot_mib": stats.hot_bytes / MiB,
+        "store_hot_snapshots": stats.hot_snapshots,
+        "store_disk_mib": stats.disk_bytes / MiB,
         "workers": workers,
         "private_copies_mib": workers * policies / MiB,
     }

@@ -1,0 +1,231 @@
+"""Where the ``policystore`` command reads snapshots from: a running cluster (through the public client API), a
+spill or durable folder (through the Ray-free ``policystore.reader``), or a durable tier on object storage
+(``policystore.durable``). Each source answers in the typed records of ``output.py``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PolicyStoreError, StoreUnavailableError
+from ..format import Expected
+from ..ids import SnapshotId
+from ..wire import DURABLE, StoreStats
+from .output import CopyCheck, FolderStats, Row, Verified, record
+
+REACH_TIMEOUT_S = 3.0  # a cluster address that takes longer to accept a connection is as good as down
+
+
+class UsageError(PolicyStoreError, ValueError):
+    """A command line that cannot be carried out as given (missing option, offline where a cluster is needed)."""
+
+
+class Source:
+    """Where the snapshots are read from: a running cluster, a spill folder or a durable tier (offline, figures
+    from its rows alone)."""
+
+    where: str
+    online = False
+
+    def rows(self, policy_id: str | None = None) -> list[Row]:
+        raise NotImplementedError
+
+    def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[Verified]:
+        """One result per row, plus one for damage found outside them."""
+        raise NotImplementedError
+
+    def buffer(self, row: Row) -> np.ndarray:  # the snapshot's raw safetensors bytes
+        raise NotImplementedError
+
+    def stats(self) -> list[StoreStats | FolderStats]:
+        rows = self.rows()
+        return [FolderStats(self.where, len({r.id.policy_id for r in rows}), len(rows), sum(r.nbytes for r in rows),
+                            sum(r.file_bytes for r in rows))]
+
+
+class ClusterSource(Source):
+    """A running cluster: every node store that exists (none is started on nodes without one)."""
+
+    online = True
+
+    def __init__(self, address: str | None, league: str | None = None):
+        import ray
+
+        from .. import client
+        from ..config import NAMESPACE, catalog_name, store_name
+
+        if not ray.is_initialized():
+            check_reachable(address)
+            ray.init(address=address, logging_level="error", log_to_driver=False, configure_logging=False)
+            self._shutdown: Callable[[], None] | None = ray.shutdown
+        else:
+            self._shutdown = None
+        try:
+            league = league or client.job_league()
+        except PolicyStoreError:
+            self.close()
+            raise
+        self.where = f"league {league!r} on cluster {address or ray.get_runtime_context().gcs_address}"
+        if not _actor_exists(catalog_name(league), NAMESPACE):
+            self.close()
+            raise PolicyStoreError(f"no policystore catalog runs for {self.where}") from None
+        alive = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        running = [n for n in alive if _actor_exists(store_name(n, league), NAMESPACE)]
+        here = ray.get_runtime_context().get_node_id()
+        self.stores = {n: client.connect(node_id=n, league=league) for n in running or [here]}
+        self.local = self.stores.get(here) or next(iter(self.stores.values()))
+
+    def close(self) -> None:
+        if self._shutdown is not None:
+            self._shutdown()
+
+    def rows(self, policy_id: str | None = None, limit: int | None = None,
+             after: SnapshotId | None = None) -> list[Row]:
+        merged: dict[SnapshotId, Row] = {}
+        for node, store in self.stores.items():
+            for info in store.list(policy_id, limit=limit, after=after):
+                row = merged.setdefault(info.id, Row(SnapshotId(*info.id), info.nbytes, info.checksum, info.meta,
+                                                     info.created, tuple(info.holders)))
+                row.tiers[node] = info.tier
+                row.file_bytes += info.file_bytes
+                row.error = row.error or info.error
+        return sorted(merged.values(), key=lambda r: r.id)
+
+    def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[Verified]:
+        return [Verified(*row.id, self._check(row)) for row in rows]
+
+    def _check(self, row: Row) -> list[CopyCheck]:
+        """Each node holding a copy checks its own copies (and the durable one) against the catalog's record."""
+        nodes = [n for n, tier in row.tiers.items() if tier in ("hot", "disk")]
+        if not nodes:  # only remote copies: check the durable one through this node's store, if there is one
+            nodes = [self.local.node_id] if DURABLE in row.holders else []
+        checks = []
+        for node in nodes:
+            try:
+                report = record(self.stores[node].verify(*row.id))
+            except PolicyStoreError as exc:  # clients that raise on a failed check instead of reporting it
+                report = {"problems": [str(exc)]}
+            checks.append(CopyCheck(node, list(report.pop("problems")), report))
+        return checks or [CopyCheck(None, [f"{row.id}: no copy left to check (holders {row.holders})"])]
+
+    def buffer(self, row: Row) -> np.ndarray:
+        return self.local.get(*row.id).buffer
+
+    def stats(self) -> list[StoreStats | FolderStats]:
+        return [store.stats() for store in self.stores.values()]
+
+    def publish(self, policy_id: str, weights: Mapping[str, Any], meta: dict[str, Any], durable: bool) -> SnapshotId:
+        return SnapshotId(*self.local.publish(policy_id, weights, meta, durable=durable))
+
+    def delete(self, sid: SnapshotId | None, policy_id: str) -> list[SnapshotId]:
+        return [SnapshotId(*s) for s in self.local.delete(policy_id, sid.version if sid else None)]
+
+
+class DurableSource(Source):
+    """A durable tier (folder of commit markers or object-storage URI), read without a cluster."""
+
+    def __init__(self, uri: str):
+        from ..durable import DurableTier
+
+        self.tier = DurableTier.open(uri)
+        self.where = f"durable tier {uri}"
+
+    def rows(self, policy_id: str | None = None) -> list[Row]:
+        return [Row(sid, s.nbytes, s.checksum, s.meta, s.created, (DURABLE,), {DURABLE: DURABLE}, s.nbytes)
+                for sid, s in self.tier.list_committed() if policy_id is None or sid.policy_id == policy_id]
+
+    def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[Verified]:
+        return [Verified(*row.id, [CopyCheck(DURABLE, _problems(lambda row=row: self.buffer(row)))]) for row in rows]
+
+    def buffer(self, row: Row) -> np.ndarray:
+        return self.tier.read(row.id, Expected(*row.id, row.checksum))
+
+
+
+class FolderSource(Source):
+    """A spill folder or a durable tier's folder, read through the store's Ray-free reader."""
+
+    def __init__(self, path: str):
+        from ..reader import open_folder
+
+        self.reader = open_folder(path)
+        self.where = f"folder {path}"
+
+    def rows(self, policy_id: str | None = None) -> list[Row]:
+        return [Row(info.id, info.nbytes, info.checksum, info.meta, info.created, ("folder",), {"folder": "file"},
+                    info.file_bytes) for info in self.reader.list(policy_id)]
+
+    def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[Verified]:
+        """One pass of the reader over the folder; its problems (each naming its snapshot) go to their rows."""
+        problems = self.reader.verify(policy_id, version)
+        results = [Verified(*row.id, [CopyCheck("folder", [p for p in problems if p.startswith(f"{row.id}:")])])
+                   for row in rows]
+        listed = tuple(f"{row.id}:" for row in rows)
+        others = [p for p in problems if not p.startswith(listed)]
+        if others:  # files too damaged to be listed at all
+            results.append(Verified(policy_id, version, [], others))
+        return results
+
+    def buffer(self, row: Row) -> np.ndarray:
+        return self.reader.get(*row.id).buffer
+
+
+
+def _problems(check: Callable[[], object]) -> list[str]:
+    try:
+        check()
+    except PolicyStoreError as exc:
+        return [str(exc)]
+    return []
+
+
+def check_reachable(address: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Fail in seconds when nothing listens at a ``host:port`` cluster address: ``ray.init`` would retry for
+    minutes. ("auto", "local" and ``ray://`` addresses are left to Ray.)"""
+    import socket
+
+    if not address or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise UsageError(f"--address {address}: expected HOST:PORT (the head node's GCS address)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise StoreUnavailableError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}): start one (ray start --head) or give the "
+            "head node's address (ray status prints it)"
+        ) from None
+
+
+def _actor_exists(name: str, namespace: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def open_source(args: argparse.Namespace) -> Source:
+    """``--dir`` (offline) or the cluster at ``--address``/``RAY_ADDRESS`` (online)."""
+    if args.dir:
+        if "://" in args.dir and not args.dir.startswith("file://"):
+            return DurableSource(args.dir)
+        path = args.dir.removeprefix("file://")
+        if not Path(path).is_dir():
+            raise UsageError(f"--dir {args.dir}: no such folder")
+        return FolderSource(path)
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        import ray
+
+        if not ray.is_initialized():
+            raise UsageError("say where the snapshots are: --address (or RAY_ADDRESS) for a cluster, --dir offline")
+    return ClusterSource(address, args.league)
