@@ -37,7 +37,9 @@ ALLOWED: dict[str, set[str]] = {
     "benchmarks": {"policystore", "policystore.rllib", "league", "workers", "trainer", "examples"},
 }
 RAY_FREE = ("league",)
-SHARED_WITH_TESTS = {"benchmarks.s3gate"}
+# benchmark modules the tests may import: the S3 gate (a fixture), and the cluster model (its simulation is
+# arithmetic that the docs' figures rest on, tested like library code)
+SHARED_WITH_TESTS = {"benchmarks.s3gate", "benchmarks.cluster_model"}
 
 
 def module_name(path: Path) -> str:
