@@ -445,9 +445,13 @@ class CatalogServer:
             return self._bell
 
     def _ring(self) -> None:
-        """Tell the doorbell the current event number (caller holds the lock: rings go out in order)."""
+        """Tell the doorbell the current event number (caller holds the lock: rings go out in order). Never fails
+        the change just made: watchers that miss a ring ask anyway within half a poll."""
         if self._bell is not None:
-            self._bell.ring.remote(Ring(self._seq, 0.0, self._epoch))
+            try:
+                self._bell.ring.remote(Ring(self._seq, 0.0, self._epoch))
+            except Exception as exc:
+                log.warning("catalog: ringing the doorbell failed (%s)", type(exc).__name__)
 
     @ray.method(concurrency_group=WATCH_GROUP)
     def watch(self, since: int, timeout_s: float, epoch: str | None = None) -> CatalogEvents:
