@@ -21,9 +21,9 @@ The league case (``--league HOT,READERS,K``): HOT snapshots hot on the node, REA
 open K of them (different ones), as a league's rollout workers play a few opponents out of many. Rows (mode
 ``league``): ``bytes_per_unopened_snapshot`` (a reader's private heap growth once the HOT snapshots were pushed,
 before it opened any, per snapshot: what a snapshot it never plays costs it), ``opened_kib`` (its growth once it
-opened its K, per opened snapshot), ``store_bytes_per_snapshot_per_reader`` (the store's private heap growth per
-hot snapshot and reader: its bookkeeping of what readers borrow) and ``copies_per_node`` (the session's PSS
-growth over the HOT snapshots' bytes).
+opened its K, per opened snapshot), ``store_kib_per_snapshot`` (the store's private heap growth per hot snapshot,
+before the readers opened any: its own records plus its bookkeeping of what readers borrow) and
+``copies_per_node`` (the session's PSS growth over the HOT snapshots' bytes).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def run_league(results: harness.Results, spec: NetSpec, size_mib: int, hot: int,
             "opened": k,
             "bytes_per_unopened_snapshot": sum(p - i for p, i in zip(pushed, idle, strict=True)) / readers / hot,
             "opened_kib": sum(o - p for o, p in zip(opened, pushed, strict=True)) / readers / k / KiB,
-            "store_bytes_per_snapshot_per_reader": (store_pushed - store_idle) / hot / readers,
+            "store_kib_per_snapshot": (store_pushed - store_idle) / hot / KiB,
             "store_heap_after_open_mib": (store_after - store_idle) / MiB,
             "copies_per_node": (session_after - session_idle) / (hot * spec.nbytes),
             "settle_s": args.settle_s,
@@ -155,7 +155,9 @@ def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, 
 def plot(rows: list[dict[str, Any]], path) -> None:
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r["mode"] != "league"] or rows
+    rows = [r for r in rows if r["mode"] != "league"]  # the league case has its own figures (table only)
+    if not rows:
+        return
 
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{r['mode']}\n{r['snapshot_mib']} MiB" for r in rows]

@@ -306,7 +306,7 @@ class StoreServer:
         """The doorbell readers wait on for news of this store's feed (``watch.Doorbell``)."""
         return self._bell
 
-    @ray.method(concurrency_group="watch")
+    @ray.method(concurrency_group="watch", enable_task_events=False)  # called by every follower: see watch.py
     def watch(self, since: int, timeout_s: float, used: Sequence[SnapshotId] = (), follows: Sequence[str] = (),
               adopt: Sequence[str] = ()) -> StoreEvents:
         """The node's league changes after event ``since`` (waiting at most ``timeout_s`` for one; followers pass

@@ -45,6 +45,9 @@ _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whol
 _CHECK_S = 0.1  # how often a follower waiting on its long poll checks that it should still follow
 # Followers a doorbell serves at once: one coroutine each (no thread), so this only bounds a runaway caller.
 MAX_WAITERS = 100_000
+# Task events (Ray's state API and dashboard) off for the calls every follower makes several times a second: each
+# is a record kept in the caller and the callee until flushed, per call, for nothing anyone looks at.
+_TASK_EVENTS = False
 
 
 def current_ray_session() -> str | None:
@@ -212,12 +215,14 @@ class Doorbell:
         self._news: asyncio.Future | None = None
         self.waiting = 0
 
+    @ray.method(enable_task_events=_TASK_EVENTS)
     async def ring(self, ring: Ring) -> None:
         news = (ring.seq, ring.epoch) != (self._ring.seq, self._ring.epoch)
         self._ring = ring
         if news and self._news is not None and not self._news.done():
             self._news.set_result(None)
 
+    @ray.method(enable_task_events=_TASK_EVENTS)
     async def wait(self, since: int, epoch: str, timeout_s: float) -> Ring:
         """The ring, once it names an event after ``since`` or another epoch than ``epoch`` (the caller's), or
         after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens)."""
