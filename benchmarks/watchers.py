@@ -1,8 +1,9 @@
 """Many followers on one node store and one catalog: do they all get each new version by push, how soon, and
 how many threads do the store and catalog processes need for them?
 
-One Ray session, one node store, R reader processes (tiny actors, ``num_cpus=0.001``) that have each opened the
-policy once (so they follow it), and N simulated stores following the catalog: coroutines of one async actor that
+One Ray session, one node store, up to R reader processes (tiny actors, ``num_cpus=0.001``; started 8 at a
+time while more than 4 GiB of memory is left, so ``readers`` says how many the machine held) that have each opened
+the policy once (so they follow it), and N simulated stores following the catalog: coroutines of one async actor that
 do what a store's catalog follower does (wait on the catalog's doorbell, then ask ``watch`` for the news). Per
 round the driver publishes a new version of the policy; every reader waits for it in its push state, and every
 catalog watcher waits for its commit.
@@ -36,6 +37,7 @@ from .harness import MiB
 log = logging.getLogger("benchmarks.watchers")
 POLICY = "followed"
 WAIT_S = 60.0
+MEMORY_MARGIN = 4 * 1024 * MiB  # free memory left when the benchmark stops adding readers
 
 
 class Reader:
@@ -53,7 +55,7 @@ class Reader:
             state = store.push_state()
             if state.latest.get(POLICY, 0) >= version:
                 return time.time(), (POLICY, version) in state.hot
-            time.sleep(0.002)
+            time.sleep(0.005)
         return time.time(), False
 
 
@@ -103,8 +105,16 @@ def run(results: harness.Results, readers: int, catalog_watchers: int, rounds: i
                 "store_doorbell": pid_of(ray.get(store_actor.doorbell.remote())),
                 "catalog_doorbell": pid_of(ray.get(catalog.doorbell.remote()))}
         idle = {f"{k}_idle": v for k, v in threads(pids).items()}
-        actors = [ray.remote(Reader).options(num_cpus=0.001).remote() for _ in range(readers)]
-        ray.get([a.open.remote() for a in actors], timeout=600)  # each follows the policy from now on
+        actors: list[Any] = []
+        while len(actors) < readers:  # as many as the machine holds: never into Ray's memory monitor (other jobs')
+            if psutil.virtual_memory().available < MEMORY_MARGIN:
+                log.warning("stopping at %d readers: less than %d MiB of memory left", len(actors),
+                            MEMORY_MARGIN // MiB)
+                break
+            batch = [ray.remote(Reader).options(num_cpus=0.001).remote() for _ in range(min(8, readers - len(actors)))]
+            ray.get([a.open.remote() for a in batch], timeout=600)  # each follows the policy from now on
+            actors += batch
+        readers = len(actors)
         watchers = ray.remote(CatalogWatchers).options(num_cpus=0.001, max_concurrency=catalog_watchers + 8
                                                        ).remote(league)
         ray.get(watchers.__ray_ready__.remote())
