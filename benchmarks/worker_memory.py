@@ -61,10 +61,16 @@ class Worker(memory_scaling.Worker):
         self.load(policy_ids)
         return self.private_heap_bytes()
 
-    def knows(self, policy_ids: list[str]) -> bool:
-        """Whether the push has named every one of ``policy_ids`` to this process."""
-        latest = self.store.push_state().latest
-        return all(pid in latest for pid in policy_ids)
+    def wait_known(self, policy_ids: list[str], timeout_s: float = 600.0) -> bool:
+        """Wait (here: one call, however long the publishes take) until the push has named every one of
+        ``policy_ids`` to this process."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            latest = self.store.push_state().latest
+            if all(pid in latest for pid in policy_ids):
+                return True
+            time.sleep(0.2)
+        return False
 
 
 def anonymous_bytes(pid: int) -> int:
@@ -92,8 +98,8 @@ def run_league(results: harness.Results, spec: NetSpec, size_mib: int, hot: int,
         session_idle = pss_bytes(session_processes())
         ids = ray.get(learner.publish.remote(0, hot))
         store.flush()
-        while not all(ray.get([w.knows.remote(ids) for w in workers])):  # every reader has heard of every one
-            time.sleep(0.2)
+        if not all(ray.get([w.wait_known.remote(ids) for w in workers])):
+            log.warning("not every reader heard of every snapshot in time: the figures include that")
         harness.collect_garbage(args.settle_s)
         pushed = ray.get([w.private_heap_bytes.remote() for w in workers])
         store_pushed = anonymous_bytes(store_pid)
