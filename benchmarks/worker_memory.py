@@ -16,6 +16,14 @@ Private heap = ``Anonymous`` in the worker's /proc/self/smaps_rollup, after ``gc
 costs included), ``kib_per_module`` (the second K loads, per load: the steady cost of one more opponent) and
 ``kib_per_module_beyond_weights`` (the same minus the snapshot's own bytes: what a module costs besides its
 weights; for views those are shared, so it is the whole of it).
+
+The league case (``--league HOT,READERS,K``): HOT snapshots hot on the node, READERS worker processes that each
+open K of them (different ones), as a league's rollout workers play a few opponents out of many. Rows (mode
+``league``): ``bytes_per_unopened_snapshot`` (a reader's private heap growth once the HOT snapshots were pushed,
+before it opened any, per snapshot: what a snapshot it never plays costs it), ``opened_kib`` (its growth once it
+opened its K, per opened snapshot), ``store_kib_per_snapshot`` (the store's private heap growth per hot snapshot,
+before the readers opened any: its own records plus its bookkeeping of what readers borrow) and
+``copies_per_node`` (the session's PSS growth over the HOT snapshots' bytes).
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import os
+import time
 from typing import Any
 
 import ray
@@ -31,7 +41,7 @@ import policystore
 
 from . import harness, memory_scaling
 from .harness import MiB
-from .memory_scaling import MODES, Learner
+from .memory_scaling import MODES, Learner, policy_id
 from .nets import ARCHS, NetSpec
 
 log = logging.getLogger("benchmarks.worker_memory")
@@ -50,6 +60,69 @@ class Worker(memory_scaling.Worker):
     def load_and_measure(self, policy_ids: list[str]) -> int:
         self.load(policy_ids)
         return self.private_heap_bytes()
+
+    def wait_known(self, policy_ids: list[str], timeout_s: float = 600.0) -> bool:
+        """Wait (here: one call, however long the publishes take) until the push has named every one of
+        ``policy_ids`` to this process."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            latest = self.store.push_state().latest
+            if all(pid in latest for pid in policy_ids):
+                return True
+            time.sleep(0.2)
+        return False
+
+
+def anonymous_bytes(pid: int) -> int:
+    """Private heap of another process on this machine (``Anonymous`` in its smaps_rollup)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) * KiB for line in f if line.startswith("Anonymous:"))
+
+
+def run_league(results: harness.Results, spec: NetSpec, size_mib: int, hot: int, readers: int, k: int,
+               args: Any) -> None:
+    """HOT snapshots hot on the node, READERS processes that each open K of them."""
+    from policystore.config import NAMESPACE, store_name
+    from policystore.memory import pss_bytes, session_processes
+
+    capacity = int(hot * (spec.nbytes + 64 * KiB) * 1.1) + 64 * MiB
+    with harness.ray_session(capacity + 256 * MiB) as spill_dir:
+        store = policystore.connect(policystore.StoreConfig(hot_capacity_bytes=capacity, spill_dir=str(spill_dir)))
+        actor = ray.get_actor(store_name(store.node_id, store.league), namespace=NAMESPACE)
+        store_pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+        learner = ray.remote(Learner).options(num_cpus=0.01).remote(spec)
+        workers = [ray.remote(Worker).options(num_cpus=0.01).remote("store", spec) for _ in range(readers)]
+        harness.collect_garbage(args.settle_s)
+        idle = ray.get([w.private_heap_bytes.remote() for w in workers])
+        store_idle = anonymous_bytes(store_pid)
+        session_idle = pss_bytes(session_processes())
+        ids = ray.get(learner.publish.remote(0, hot))
+        store.flush()
+        if not all(ray.get([w.wait_known.remote(ids) for w in workers])):
+            log.warning("not every reader heard of every snapshot in time: the figures include that")
+        harness.collect_garbage(args.settle_s)
+        pushed = ray.get([w.private_heap_bytes.remote() for w in workers])
+        store_pushed = anonymous_bytes(store_pid)
+        opened = ray.get([w.load_and_measure.remote([policy_id((i * k + j) % hot) for j in range(k)])
+                          for i, w in enumerate(workers)])
+        harness.collect_garbage(args.settle_s)
+        session_after = pss_bytes(session_processes())
+        store_after = anonymous_bytes(store_pid)
+        results.emit({
+            "mode": "league",
+            "arch": spec.arch,
+            "snapshot_mib": size_mib,
+            "snapshot_bytes": spec.nbytes,
+            "snapshots": hot,
+            "readers": readers,
+            "opened": k,
+            "bytes_per_unopened_snapshot": sum(p - i for p, i in zip(pushed, idle, strict=True)) / readers / hot,
+            "opened_kib": sum(o - p for o, p in zip(opened, pushed, strict=True)) / readers / k / KiB,
+            "store_kib_per_snapshot": (store_pushed - store_idle) / hot / KiB,
+            "store_heap_after_open_mib": (store_after - store_idle) / MiB,
+            "copies_per_node": (session_after - session_idle) / (hot * spec.nbytes),
+            "settle_s": args.settle_s,
+        })
 
 
 def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, k: int, args: Any) -> None:
@@ -88,6 +161,10 @@ def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, 
 def plot(rows: list[dict[str, Any]], path) -> None:
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if r["mode"] != "league"]  # the league case has its own figures (table only)
+    if not rows:
+        return
+
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{r['mode']}\n{r['snapshot_mib']} MiB" for r in rows]
     ax.bar(labels, [r["kib_per_module_beyond_weights"] for r in rows], color="tab:blue")
@@ -107,12 +184,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of private,store")
     parser.add_argument("--arch", choices=ARCHS, default="mlp", help="policy network shape (%(default)s)")
     parser.add_argument("--settle-s", type=float, default=2.0, help="wait after GC for the pushes to arrive")
+    parser.add_argument("--league", type=harness.int_list, default=None, metavar="HOT,READERS,K",
+                        help="also the league case: HOT hot snapshots, READERS readers opening K each")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
-    if not modes or set(modes) - set(MODES):
+    if (not modes and args.league is None) or set(modes) - set(MODES):
         parser.error(f"--modes must be a comma-separated subset of {','.join(MODES)}, got {args.modes!r}")
+    if args.league is not None and (len(args.league) != 3 or min(args.league) < 1):
+        parser.error(f"--league takes HOT,READERS,K (three positive ints), got {args.league}")
     if args.quick:
         args.sizes_mib, args.snapshots, args.settle_s = [1], 4, 0.5
+        args.league = [16, 2, 2] if args.league is not None else None
     harness.setup_logging(args.verbose)
     results = harness.Results("worker_memory", args, {k: v for k, v in vars(args).items() if k != "out"})
     points = [(size, mode) for size in args.sizes_mib for mode in modes]
@@ -122,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
             bar.update(task, description=f"{mode} {size_mib} MiB")
             run_mode(results, mode, NetSpec.for_bytes(args.arch, size_mib * MiB), size_mib, args.snapshots, args)
             bar.advance(task)
+    if args.league is not None:
+        size_mib = args.sizes_mib[0]
+        run_league(results, NetSpec.for_bytes(args.arch, size_mib * MiB), size_mib, *args.league, args)
     results.finish(
         ["mode", "snapshot_mib", "snapshots", "pushed_kib_per_snapshot", "first_load_kib", "kib_per_module",
          "kib_per_module_beyond_weights", "heap_idle_mib", "loadavg_1m"],

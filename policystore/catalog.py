@@ -27,8 +27,10 @@ A non-durable publish is not (its bytes live in memory and would not survive eit
 repeat, because each policy's versions are handed out from a block whose end is synced first, and a catalog that
 finds the machine rebooted continues after that block (and starts a new epoch for its watchers).
 
-Watchers (the per-node stores) long-poll ``watch``, served by its own concurrency group so it never holds up
-other calls; create the actor with ``ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(CatalogServer)``.
+Watchers (the per-node stores) wait for news on the catalog's doorbell (``doorbell()``, a small async actor the
+catalog starts and rings after every change: a waiting store holds no thread here), then ask ``watch`` for it;
+``watch`` is served by its own concurrency group so it never holds up other calls (and can still wait itself,
+as a long poll); create the actor with ``ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(CatalogServer)``.
 """
 
 from __future__ import annotations
@@ -61,14 +63,14 @@ from .errors import (
 )
 from .format import check_meta
 from .ids import SnapshotId, check_policy_id, check_version
-from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Summary
+from .watch import start_doorbell
+from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Ring, Summary
 
 log = logging.getLogger(__name__)
 
 WATCH_GROUP = "watch"
-# One thread per concurrent long poll (one per node's store). A watcher beyond these waits in line, for at most
-# one timeout of the polls ahead of it.
-CONCURRENCY_GROUPS = {WATCH_GROUP: 64}
+# Threads that answer watchers (stores wait on the doorbell, not here, so a few serve any number of nodes).
+CONCURRENCY_GROUPS = {WATCH_GROUP: 8}
 VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version counter
 MAX_WATCH_S = 60.0
 MAX_EVENTS = 1000  # per watch answer; the watcher asks again from the answer's seq
@@ -197,6 +199,7 @@ class CatalogServer:
         self._path = Path(db_path)
         self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
         self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
+        self._bell: ray.actor.ActorHandle | None = None  # started when the first watcher asks for it
         self._keep = max(1, event_log_keep)
         self._calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
@@ -499,6 +502,25 @@ class CatalogServer:
     # ---- watch ---------------------------------------------------------------------------------------------
     @_counted  # outermost: Ray may look through the wrapper to the function, which must carry the group too
     @ray.method(concurrency_group=WATCH_GROUP)
+    def doorbell(self) -> ray.actor.ActorHandle:
+        """The doorbell watchers wait on (``watch.Doorbell``), rung with this catalog's event number and epoch after
+        every change: started on this node on first use, and it dies with this catalog."""
+        with self._lock:
+            if self._bell is None:
+                self._bell = start_doorbell(ray.get_runtime_context().get_node_id())
+                self._ring()
+            return self._bell
+
+    def _ring(self) -> None:
+        """Tell the doorbell the current event number (caller holds the lock: rings go out in order). Never fails
+        the change just made: watchers that miss a ring ask anyway within half a poll."""
+        if self._bell is not None:
+            try:
+                self._bell.ring.remote(Ring(self._seq, 0.0, self._epoch))
+            except Exception as exc:
+                log.warning("catalog: ringing the doorbell failed (%s)", type(exc).__name__)
+
+    @ray.method(concurrency_group=WATCH_GROUP, enable_task_events=False)  # several calls a second per store
     def watch(self, since: int, timeout_s: float, epoch: str | None = None) -> CatalogEvents:
         """Commits and deletes after event ``since``: at once if there are some, else when one happens or after
         ``timeout_s`` (at most 60 s), whichever is first. A long poll; pass the last answer's ``seq`` (and
@@ -563,6 +585,7 @@ class CatalogServer:
             if seq != self._seq:
                 self._seq = seq
                 self._changed.notify_all()
+                self._ring()
             if self._seq - self._pruned > self._keep + self._keep // 10 + 10:
                 self._prune(self._seq - self._keep)
 

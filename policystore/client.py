@@ -1,8 +1,9 @@
 """The user-facing handle: ``connect()`` finds (or starts) this node's store and returns a ``PolicyStore``.
 
 Reads are served from what the node's store pushes (``watch.py``) whenever that is fresh: ``get(pid)`` of the
-latest version is a dict lookup, and a get of a version hot on the node is one ``ray.get`` of a ref this process
-already holds. Otherwise (push stale, store restarting, a version not hot) a get asks the store: one round trip.
+latest version is a dict lookup, and a get of a new version of a policy this process has opened before is one
+``ray.get`` of a ref it already holds. Otherwise (a policy it never opened, push stale, store restarting, a
+version not hot) a get asks the store: one round trip (no catalog call when the node holds the snapshot).
 
 Everything this process keeps (clients, snapshots, pushed refs, versions seen) belongs to one Ray session of one
 cluster: a new ``ray.init()`` starts from nothing, even while handles from the old session are still around.
@@ -66,7 +67,8 @@ _OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, r
 
 @functools.cache
 def _actor_class(cls: type, watchers: int) -> Any:
-    """``cls`` as a Ray actor class whose long polls (``watch``) run in their own group of ``watchers`` threads."""
+    """``cls`` as a Ray actor class whose ``watch`` calls run in their own group of ``watchers`` threads (followers
+    wait on a doorbell actor, not on these threads)."""
     return ray.remote(concurrency_groups={"watch": watchers})(cls)
 
 
@@ -531,6 +533,8 @@ class PolicyStore:
                 if time.monotonic() > deadline:
                     raise
                 continue
+            if self._follower is not None:  # from now on its new versions are pushed to this process
+                self._follower.used(sid)
             return session.keep(Snapshot(sid, buffer, hot.refs[0]))
 
     def load_module(self, policy_id: str, build: Callable[[], nn.Module], version: int | None = None) -> nn.Module:

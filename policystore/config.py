@@ -27,9 +27,10 @@ class StoreConfig:
     compress: lz4-compress spill files (snapshots that do not compress are stored raw).
     disk_capacity_bytes: refuse publishes that would grow the spill tier beyond this (None: until the disk is full).
     max_concurrency: threads in the store actor, so reads are never queued behind a slow restore or publish.
-    max_watchers: reader processes (and the store's own catalog follower) that can follow the league at once: the
-        size of the actors' "watch" concurrency group, separate from ``max_concurrency``. Readers beyond it wait
-        for a slot, and meanwhile read with a round trip.
+    max_watchers: threads of the store's and the catalog's "watch" concurrency group (separate from
+        ``max_concurrency``), which answer followers that have news waiting. Followers wait for news on a doorbell
+        (a small async actor beside each store and the catalog) and hold none of these threads meanwhile, so any
+        number of readers and stores follow by push.
     max_staleness_s: how old a reader's pushed view of the league may be before ``get(pid)`` of the latest version
         falls back to asking the store. A version committed more than this long before a ``get(pid)`` is never
         missed; 0 turns pushed reads of "latest" off.
@@ -52,7 +53,7 @@ class StoreConfig:
     compress: bool = True
     disk_capacity_bytes: int | None = None
     max_concurrency: int = 16
-    max_watchers: int = 64
+    max_watchers: int = 8
     max_staleness_s: float = 1.0
     durable_timeout_s: float = 60.0
     call_timeout_s: float = 30.0
@@ -94,7 +95,7 @@ class StoreConfig:
 
     @property
     def poll_s(self) -> float:
-        """Long-poll timeout of a reader following its store: a quarter of the staleness bound (1 s when pushed
+        """Longest wait of a reader following its store: a quarter of the staleness bound (1 s when pushed
         reads are off). The store follows the catalog twice as often, so a reader's pushed view is at most about
         ``max_staleness_s / 2`` old on an idle league (plus call latency), well within the bound."""
         return min(max(self.max_staleness_s / 4, 0.05), 5.0) if self.max_staleness_s else 1.0

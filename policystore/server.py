@@ -9,10 +9,12 @@ It is a threaded actor: local bookkeeping happens under one short lock, and all 
 disk I/O, fetches) happens outside it, so reads never wait behind a large publish or a slow restore. Concurrent
 gets of one missing snapshot share a single restore or fetch.
 
-It pushes rather than being polled (``watch.py``): a thread follows the catalog's long poll (latest versions,
-deletes), and ``watch`` hands the node's readers those changes plus every snapshot that becomes hot here, with
-its ref, in its own concurrency group. A publish arrives as a staging file in /dev/shm that the publisher
-packed straight into; the store maps it, copies it once into the object store and removes it.
+It pushes rather than being polled (``watch.py``): a thread follows the catalog (latest versions, deletes),
+waiting for news on the catalog's doorbell, and ``watch`` hands the node's readers those changes plus the
+snapshots that become hot here, with their refs, for the policies each reader follows. Readers wait for news on
+this store's doorbell (a small async actor it starts and rings), so none of them holds a thread here. A publish
+arrives as a staging file in /dev/shm that the publisher packed straight into; the store maps it, copies it
+once into the object store and removes it.
 
 The store holds bytes and names only: it never imports torch.
 """
@@ -68,7 +70,7 @@ from .protect import open_shared, shareable
 from .snapfile import SpillFile
 from .spill import TOMBSTONES, DiskTier
 from .staging import StagingMaps
-from .watch import Feed
+from .watch import Feed, start_doorbell
 from .wire import (
     DURABLE,
     CatalogEntry,
@@ -76,6 +78,7 @@ from .wire import (
     Holdings,
     HotSnapshot,
     Reconciled,
+    Ring,
     Served,
     SnapshotInfo,
     StoreEvents,
@@ -191,6 +194,8 @@ class StoreServer:
         # catalog's database is new (``_follow_catalog``).
         self._registrar = ThreadPoolExecutor(1, thread_name_prefix="policystore-register")
         self._started = self._reconciled = self._registrar.submit(self._reconcile, True)
+        self._bell = start_doorbell(node_id)  # the node's readers wait on it, not on threads of this actor
+        threading.Thread(target=self._ring_doorbell, name="policystore-doorbell", daemon=True).start()
         threading.Thread(target=self._follow_catalog, name="policystore-catalog-follower", daemon=True).start()
         threading.Thread(target=self._every_few_seconds, name="policystore-periodic", daemon=True).start()
         log.info("policystore on node %s: %d snapshots on %s, hot capacity %d bytes",
@@ -238,17 +243,23 @@ class StoreServer:
 
     # ---- push ----------------------------------------------------------------------------------------------
     def _follow_catalog(self) -> None:
-        """Keep the feed's latest versions and deletes in step with the catalog's long poll (daemon thread)."""
+        """Keep the feed's latest versions and deletes in step with the catalog (daemon thread): wait on the
+        catalog's doorbell for news (at most half a reader's poll), then ask the catalog for it. Only the catalog's
+        own answer moves ``as_of``: a doorbell that answers while the catalog is stuck proves nothing."""
         since, epoch, failures = 0, None, 0
         heard = None  # the last catalog epoch applied: a different one is a new database, re-register with it
+        bell = None
+        limit = self.config.poll_s * 2 + 10
         while True:
-            sent = time.monotonic()
             try:
-                events: CatalogEvents = ray.get(
-                    self.catalog.watch.remote(since if epoch else 0, self.config.poll_s / 2),
-                    timeout=self.config.poll_s * 2 + 10,
-                )
+                if bell is None:
+                    bell = ray.get(self.catalog.doorbell.remote(), timeout=limit)
+                if epoch is not None:
+                    ray.get(bell.wait.remote(since, epoch, self.config.poll_s / 2), timeout=limit)
+                sent = time.monotonic()
+                events: CatalogEvents = ray.get(self.catalog.watch.remote(since if epoch else 0, 0), timeout=limit)
             except Exception as exc:  # catalog restarting: readers see the feed go stale and ask directly
+                bell = None  # a restarted catalog has a new doorbell
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
                     log.warning("following the catalog failed (%s: %s)", type(exc).__name__, str(exc)[:200])
@@ -271,6 +282,17 @@ class StoreServer:
             since, epoch = events.seq, events.epoch
             self.feed.catalog_epoch(epoch)
             self.feed.heard_until(sent)
+
+    def _ring_doorbell(self) -> None:
+        """Tell the doorbell every change of the feed (news, a newer ``as_of``), in order, from this one thread."""
+        last: Ring | None = None
+        while True:
+            ring = self.feed.next_ring(last, self.config.poll_s)
+            try:
+                self._bell.ring.remote(ring)
+            except Exception as exc:  # Ray restarts it; the next ring tells it again
+                log.warning("ringing the doorbell failed (%s)", type(exc).__name__)
+            last = ring
 
     def _apply_catalog(self, events: CatalogEvents) -> None:
         for pid, version in events.latest.items():
@@ -297,13 +319,22 @@ class StoreServer:
             return 0
 
     @ray.method(concurrency_group="watch")
-    def watch(self, since: int, timeout_s: float, used: Sequence[SnapshotId] = ()) -> StoreEvents:
-        """The node's league changes after event ``since`` (long poll of at most ``timeout_s``), for readers.
+    def doorbell(self) -> ray.actor.ActorHandle:
+        """The doorbell readers wait on for news of this store's feed (``watch.Doorbell``)."""
+        return self._bell
+
+    @ray.method(concurrency_group="watch", enable_task_events=False)  # called by every follower: see watch.py
+    def watch(self, since: int, timeout_s: float, used: Sequence[SnapshotId] = (), follows: Sequence[str] = (),
+              adopt: Sequence[str] = ()) -> StoreEvents:
+        """The node's league changes after event ``since`` (waiting at most ``timeout_s`` for one; followers pass
+        0 and wait on the doorbell instead), for readers.
 
         ``used``: the pushed snapshots the reader opened since its last call, marked recently used here (a read of
-        a pushed ref never calls the store, so this is how its reads keep the LRU order honest)."""
+        a pushed ref never calls the store, so this is how its reads keep the LRU order honest). ``follows``: the
+        policies whose new hot snapshots the reader gets with their refs; ``adopt``: those followed since its
+        last call (their newest hot snapshot comes now)."""
         self._used(used)
-        return self.feed.watch(since, min(float(timeout_s), 60.0))
+        return self.feed.watch(since, min(float(timeout_s), 60.0), follows, adopt)
 
     def _used(self, used: Sequence[SnapshotId]) -> None:
         with self._lock:
@@ -732,6 +763,7 @@ class StoreServer:
         return rows
 
     def stats(self) -> StoreStats:
+        watchers = self._waiting()
         with self._lock:
             entries = [e for _, e in self._items_locked()]
             return StoreStats(
@@ -745,7 +777,7 @@ class StoreServer:
                 disk_snapshots=sum(e.file is not None for e in entries),
                 snapshots=len(entries),
                 pending_spills=sum(e.pending is not None for e in entries),
-                watchers=self.feed.watchers,
+                watchers=watchers,
                 quarantined=tuple(self.disk.quarantined()),
                 durable_pending=self.uploads.pending() if self.uploads is not None else 0,
                 durable_failures=self.uploads.failures if self.uploads is not None else 0,
@@ -756,6 +788,13 @@ class StoreServer:
                     "hits", "misses", "evictions", "restores", "fetches", "publishes", "spill_errors", "corrupt_reads"
                 )},
             )
+
+    def _waiting(self) -> int:
+        """Readers waiting on the doorbell now (-1: it did not answer within a second)."""
+        try:
+            return ray.get(self._bell.waiters.remote(), timeout=1.0)
+        except Exception:
+            return -1
 
     def store_config(self) -> StoreConfig:
         return self.config

@@ -2,9 +2,13 @@
 
 Store side, ``Feed``: numbered events (a policy's latest version changed; a snapshot became hot on the node, with
 its header and object ref; a snapshot stopped being hot; a snapshot was deleted) that ``StoreServer.watch`` hands
-out as a long poll. Reader side, ``Follower``: one daemon thread per process and node store that follows that
-long poll, holding the pushed refs (so a get of a pushed version is one ``ray.get``, no actor call) and dropping
-them when the store says a snapshot is gone (so eviction frees the memory).
+out. ``Doorbell``: a small async actor beside the store (and one beside the catalog) on which followers wait for
+news, one coroutine each, so no follower holds a thread of the store or catalog. Reader side, ``Follower``: one
+daemon thread per process and node store that waits on the doorbell and asks the store what changed when it
+rings, holding the pushed refs of the policies the process opened (so a get of a pushed version is one
+``ray.get``, no actor call) and dropping them when the store says a snapshot is gone (so eviction frees the
+memory). Snapshots of other policies cost a follower their latest version number only; opening one is one store
+call (never a catalog call when the node holds it).
 
 Staleness: the store stamps what it hands out with ``as_of``, its ``time.monotonic()`` before the catalog call
 whose answer it has applied: every commit made before ``as_of`` is in the feed. A reader on the same node (same
@@ -15,6 +19,7 @@ Nothing here imports torch: the store actor uses the feed.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import math
@@ -22,20 +27,26 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, store_name
 from .format import Header, parse_head
 from .ids import SnapshotId
-from .wire import HotSnapshot, StoreEvents
+from .wire import HotSnapshot, Ring, StoreEvents
 
 log = logging.getLogger(__name__)
 
 _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
 _CHECK_S = 0.1  # how often a follower waiting on its long poll checks that it should still follow
+# Followers a doorbell serves at once: one coroutine each (no thread), so this only bounds a runaway caller.
+MAX_WAITERS = 100_000
+# Task events (Ray's state API and dashboard) off for the calls every follower makes several times a second: each
+# is a record kept in the caller and the callee until flushed, per call, for nothing anyone looks at.
+_TASK_EVENTS = False
 
 
 def current_ray_session() -> str | None:
@@ -58,7 +69,6 @@ class Feed:
         self._hot: dict[SnapshotId, HotSnapshot] = {}
         self._as_of = -math.inf  # no catalog answer applied yet: nobody may trust "latest"
         self._closed = False
-        self.watchers = 0
 
     # ---- what the store reports ------------------------------------------------------------------------------
     def _emit(self, kind: str, payload: object) -> None:
@@ -115,7 +125,9 @@ class Feed:
     def heard_until(self, as_of: float) -> None:
         """Everything the catalog committed before ``as_of`` (store clock) is in the feed."""
         with self._cond:
-            self._as_of = max(self._as_of, as_of)
+            if as_of > self._as_of:
+                self._as_of = as_of
+                self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
@@ -130,18 +142,36 @@ class Feed:
                 return None
             return self._latest.get(policy_id)
 
-    def watch(self, since: int, timeout_s: float) -> StoreEvents:
-        """Changes after event ``since`` (a reset with the whole state when ``since`` is 0, unknown or too old);
-        waits up to ``timeout_s`` for one."""
+    def ring(self) -> Ring:
+        """What the node's doorbell should say now."""
         with self._cond:
-            self.watchers += 1
-            try:
-                self._cond.wait_for(lambda: self._seq > since or self._closed, timeout=max(0.0, timeout_s))
-            finally:
-                self.watchers -= 1
+            return Ring(self._seq, self._as_of, self.epoch)
+
+    def next_ring(self, last: Ring | None, timeout_s: float) -> Ring:
+        """The doorbell's next word: as soon as it differs from ``last`` (news, or a newer ``as_of``), else after
+        ``timeout_s`` (a doorbell restarted meanwhile learns it again)."""
+        with self._cond:
+            self._cond.wait_for(lambda: Ring(self._seq, self._as_of, self.epoch) != last or self._closed,
+                                timeout=timeout_s)
+            return Ring(self._seq, self._as_of, self.epoch)
+
+    def _wanted(self, sid: SnapshotId, follows: Collection[str]) -> bool:
+        """Whether a follower gets ``sid``'s ref pushed: only for a policy it follows (one it has opened), and only
+        the newest version (a reader pays for what it plays, not for the node's hot set)."""
+        return sid.policy_id in follows and sid.version >= self._latest.get(sid.policy_id, 0)
+
+    def watch(self, since: int, timeout_s: float, follows: Collection[str] = (), adopt: Sequence[str] = ()
+              ) -> StoreEvents:
+        """Changes after event ``since`` (a reset with the whole state when ``since`` is 0, unknown or too old);
+        waits up to ``timeout_s`` for one. Hot snapshots (refs) only of the policies in ``follows``; ``adopt``: the
+        ones followed since the last call, whose newest hot snapshot comes with this answer."""
+        follows = frozenset(follows)
+        with self._cond:
+            self._cond.wait_for(lambda: self._seq > since or self._closed, timeout=max(0.0, timeout_s))
             oldest = self._log[0][0] if self._log else self._seq + 1
             if since <= 0 or since > self._seq or since + 1 < oldest:
-                return StoreEvents(self._seq, True, self._as_of, dict(self._latest), tuple(self._hot.values()),
+                return StoreEvents(self._seq, True, self._as_of, dict(self._latest),
+                                   tuple(s for s in self._hot.values() if self._wanted(s.id, follows)),
                                    epoch=self.epoch)
             latest: dict[str, int] = {}
             hot: dict[SnapshotId, None] = {}  # ordered set
@@ -156,13 +186,74 @@ class Feed:
                     hot[payload] = None
                 elif kind != "epoch":
                     hot.pop(payload, None)
-                    gone.add(payload)
+                    if payload.policy_id in follows:
+                        gone.add(payload)
                     if kind == "deleted":
                         deleted.add(payload)
+            adopted = set(adopt)
+            hot.update(dict.fromkeys(sid for sid in self._hot if sid.policy_id in adopted))
             # a reader applies gone before hot: a snapshot evicted then restored ends up with its new ref
-            current = tuple(self._hot[sid] for sid in hot if sid in self._hot)
+            current = tuple(self._hot[sid] for sid in hot if sid in self._hot and self._wanted(sid, follows))
             return StoreEvents(self._seq, False, self._as_of, latest, current, tuple(gone), tuple(deleted),
                                self.epoch)
+
+
+class Doorbell:
+    """Run as a small async Ray actor beside a store (one per node) or the catalog: followers wait here for news,
+    each as one coroutine of one event loop, never as a thread of the store or catalog; they call those only
+    when there is news (or reads to report). Ray serves an actor's methods either on threads or, if any method is
+    async, all on event loops (a blocking method then stalls the others), so the threaded store and catalog keep
+    their threads and hand the waiting to this actor.
+
+    The store (or catalog) rings it with its feed's ``Ring`` whenever it changes, from one thread (Ray keeps one
+    caller's calls in order). A restarted doorbell knows nothing ("" epoch) until the next ring, which comes
+    within a poll interval: meanwhile its waiters time out and ask their store."""
+
+    def __init__(self) -> None:
+        self._ring = Ring(0, -math.inf, "")
+        self._news: asyncio.Future | None = None
+        self.waiting = 0
+
+    @ray.method(enable_task_events=_TASK_EVENTS)
+    async def ring(self, ring: Ring) -> None:
+        news = (ring.seq, ring.epoch) != (self._ring.seq, self._ring.epoch)
+        self._ring = ring
+        if news and self._news is not None and not self._news.done():
+            self._news.set_result(None)
+
+    @ray.method(enable_task_events=_TASK_EVENTS)
+    async def wait(self, since: int, epoch: str, timeout_s: float) -> Ring:
+        """The ring, once it names an event after ``since`` or another epoch than ``epoch`` (the caller's), or
+        after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(float(timeout_s), 0.0), 60.0)
+        self.waiting += 1
+        try:
+            while self._ring.seq <= since and self._ring.epoch in ("", epoch):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                if self._news is None or self._news.done():
+                    self._news = loop.create_future()
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._news), remaining)
+                except asyncio.TimeoutError:
+                    break
+        finally:
+            self.waiting -= 1
+        return self._ring
+
+    async def waiters(self) -> int:
+        """Followers waiting now."""
+        return self.waiting
+
+
+def start_doorbell(node_id: str) -> ray.actor.ActorHandle:
+    """A doorbell on ``node_id``, owned by the caller (it dies with the store or catalog that rings it)."""
+    return ray.remote(Doorbell).options(
+        num_cpus=0, max_concurrency=MAX_WAITERS, max_restarts=-1,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote()
 
 
 @dataclass(frozen=True)
@@ -175,6 +266,7 @@ class PushState:
     latest: dict[str, int]
     hot: tuple[SnapshotId, ...]  # snapshots this process holds a pushed ref to
     catalog_epoch: str = ""  # the catalog database the pushed versions belong to ("" until the store knows it)
+    follows: tuple[str, ...] = ()  # policies this process opened: only theirs are pushed with refs
 
 
 def _parse_pushed(snap: HotSnapshot) -> Header:
@@ -183,13 +275,16 @@ def _parse_pushed(snap: HotSnapshot) -> Header:
 
 
 class Follower:
-    """Reader side: follows one node store's feed from a daemon thread; thread-safe lookups for the read path."""
+    """Reader side: follows one node store from a daemon thread (waiting on the store's doorbell, calling the store
+    when there is news); thread-safe lookups for the read path. Pushed refs only of the policies this process
+    follows (the ones it opened), and of each only the newest: what it never opened costs it a version number."""
 
     def __init__(self, node_id: str, config: StoreConfig, on_deleted: Callable[[SnapshotId], None],
                  on_catalog: Callable[[str], None]):
         self._name = store_name(node_id, config.league or DEFAULT_LEAGUE)
         self._on_catalog = on_catalog  # told the catalog's epoch: a new one numbers versions anew
         self._actor: ray.actor.ActorHandle | None = None  # looked up by name: a store started anew is found
+        self._bell: ray.actor.ActorHandle | None = None  # that store's doorbell (asked of the store)
         self._poll_s = config.poll_s
         self._max_staleness_s = config.max_staleness_s
         self._on_deleted = on_deleted
@@ -199,7 +294,9 @@ class Follower:
         self._as_of = -math.inf
         self._epoch: str | None = None
         self._seq = 0
-        self._used: set[SnapshotId] = set()  # opened since the last long poll (the store's LRU learns with the next)
+        self._used: set[SnapshotId] = set()  # opened since the last call to the store (its LRU learns with the next)
+        self._follows: set[str] = set()  # policies opened here: their new versions are pushed with refs
+        self._adopt: set[str] = set()  # followed since the last call to the store
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"policystore-follow-{node_id[:12]}", daemon=True)
         self._thread.start()
@@ -214,12 +311,18 @@ class Follower:
         return self._hot.get(sid)
 
     def used(self, sid: SnapshotId) -> None:
-        """This process opened a pushed snapshot (no store call on the read path: the next long poll says so)."""
-        self._used.add(sid)
+        """This process opened a snapshot (no store call on the read path of a pushed one: the next call to the
+        store says so); from now on its policy's new versions are pushed with their refs."""
+        with self._lock:
+            self._used.add(sid)
+            if sid.policy_id not in self._follows:
+                self._follows.add(sid.policy_id)
+                self._adopt.add(sid.policy_id)
 
     def take_used(self) -> tuple[SnapshotId, ...]:
         """The snapshots opened since the last call to the store, now to be told to it."""
-        used, self._used = self._used, set()
+        with self._lock:
+            used, self._used = self._used, set()
         return tuple(used)
 
     def drop(self, sid: SnapshotId, deleted: bool = False) -> None:
@@ -233,10 +336,10 @@ class Follower:
         with self._lock:
             age = time.monotonic() - self._as_of
             return PushState(self._thread.is_alive(), age <= self._max_staleness_s, age, dict(self._latest),
-                             tuple(self._hot), (self._epoch or "").partition(":")[2])
+                             tuple(self._hot), (self._epoch or "").partition(":")[2], tuple(sorted(self._follows)))
 
     def stop(self) -> None:
-        """Stop following and drop every pushed ref (the thread ends after its current poll)."""
+        """Stop following and drop every pushed ref (the thread ends after its current wait)."""
         self._stop.set()
         with self._lock:
             self._hot.clear()
@@ -246,19 +349,30 @@ class Follower:
     def _run(self) -> None:
         failures = 0
         session = current_ray_session()
+        news = True
+        limit = self._poll_s * 4 + 10
         while not self._stop.is_set() and current_ray_session() == session:
             try:
                 if self._actor is None:
-                    self._actor = ray.get_actor(self._name, namespace=NAMESPACE)
-                call = self._actor.watch.remote(self._seq if self._epoch else 0, self._poll_s, self.take_used())
-                events = self._wait(call.future(), session, self._poll_s * 4 + 10)
-                if events is None:
+                    self._actor, self._bell = ray.get_actor(self._name, namespace=NAMESPACE), None
+                if self._bell is None:
+                    self._bell = self._wait(self._actor.doorbell.remote().future(), session, limit)
+                    if self._bell is None:
+                        return
+                if news or self._used or self._adopt:
+                    if not self._call_store(session, limit):
+                        return
+                ring = self._wait(self._bell.wait.remote(self._seq, self._epoch or "", self._poll_s).future(),
+                                  session, limit)
+                if ring is None:
                     return
+                news = not self._heard(ring)
             except Exception as exc:  # store restarting or gone, Ray shutting down: reads fall back meanwhile
                 if self._stop.is_set() or current_ray_session() != session:
                     return
                 if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
-                    self._actor = None  # stopped for good (or not there yet): find its successor by name
+                    self._actor = self._bell = None  # stopped for good (or not there yet): find its successor
+                news = True
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
                     log.info("policystore: following the store failed (%s); reads ask it directly meanwhile",
@@ -266,11 +380,31 @@ class Follower:
                 time.sleep(min(0.05 * failures, 1.0))
                 continue
             failures = 0
-            if not self._stop.is_set():
-                self._apply(events)
 
-    def _wait(self, future: concurrent.futures.Future, session: str | None, timeout_s: float) -> StoreEvents | None:
-        """The long poll's answer, waited for in Python: a thread blocked inside ``ray.get`` when ``ray.shutdown()``
+    def _call_store(self, session: str | None, timeout_s: float) -> bool:
+        """Ask the store what changed (an answer at once: the waiting is the doorbell's). False: stopped."""
+        with self._lock:
+            follows, adopt = tuple(self._follows), tuple(self._adopt)
+        call = self._actor.watch.remote(self._seq if self._epoch else 0, 0, self.take_used(), follows, adopt)
+        events = self._wait(call.future(), session, timeout_s)
+        if events is None or self._stop.is_set():
+            return False
+        with self._lock:
+            self._adopt.difference_update(adopt)
+        self._apply(events)
+        return True
+
+    def _heard(self, ring: Ring) -> bool:
+        """Whether the doorbell's ring holds no news for this follower; if so its ``as_of`` is this follower's too
+        (it has every event up to that ring's)."""
+        with self._lock:
+            if self._epoch is None or ring.epoch != self._epoch or ring.seq > self._seq:
+                return False
+            self._as_of = max(self._as_of, ring.as_of)
+            return True
+
+    def _wait(self, future: concurrent.futures.Future, session: str | None, timeout_s: float) -> object | None:
+        """A remote call's answer, waited for in Python: a thread blocked inside ``ray.get`` when ``ray.shutdown()``
         destroys the core worker is left waiting on freed memory (a crash later). None: stopped or Ray shut down."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -301,7 +435,10 @@ class Follower:
                 self._epoch = events.epoch
             for sid in events.gone:
                 self._hot.pop(sid, None)
-            self._hot.update(parsed)
+            newest = {sid.policy_id: sid.version for sid in sorted(parsed)}
+            for sid in [s for s in self._hot if s.version < newest.get(s.policy_id, 0)]:
+                del self._hot[sid]  # superseded before this process opened it: let go of it
+            self._hot.update((sid, pushed) for sid, pushed in parsed.items() if sid.version == newest[sid.policy_id])
             for pid, version in events.latest.items():
                 if version:
                     self._latest[pid] = version

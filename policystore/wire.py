@@ -91,6 +91,16 @@ class StoreEvents:
 
 
 @dataclass(frozen=True)
+class Ring:
+    """What a doorbell (``watch.Doorbell``) last heard from the store or catalog it stands beside: the newest event
+    number of its feed, and (a store's) ``as_of`` that went with it (see ``StoreEvents``)."""
+
+    seq: int
+    as_of: float
+    epoch: str  # the feed's epoch: "" until the doorbell was first rung
+
+
+@dataclass(frozen=True)
 class SnapshotInfo:
     """One row of ``PolicyStore.list()``: a committed snapshot and where this node holds it."""
 

@@ -1,5 +1,6 @@
 """The push (catalog -> node store -> reader processes) on a real local Ray: delivery, reading one's own write,
-fallback when the push is stale or the store restarts, deletes, eviction letting go of memory, Ray sessions."""
+fallback when the push is stale or the store restarts, deletes, eviction letting go of memory, Ray sessions,
+followers beyond the store's watch threads, and refs pushed only for what a reader opened."""
 
 import os
 import shutil
@@ -57,6 +58,10 @@ class Reader:
         self.held = snap  # keep it, as a worker playing it would
         return snap.id, round_trips(store) - before
 
+    def open(self, policy_id: str) -> tuple[str, int]:
+        """Get the latest version and let go of it (from now on the reader follows the policy)."""
+        return policystore.connect().get(policy_id).id
+
     def load_twice(self, policy_id: str) -> bool:
         store = policystore.connect()
         a, b = store.load_module(policy_id, net), store.load_module(policy_id, net)
@@ -82,16 +87,23 @@ def pushed(reader, policy_id: str, version: int):
     return state.fresh and state.latest.get(policy_id) == version and (policy_id, version) in state.hot
 
 
+def known(reader, policy_id: str, version: int):
+    """The reader knows ``version`` is the latest (with or without a ref: it gets refs of what it opened only)."""
+    state = ray.get(reader.push_state.remote())
+    return state.fresh and state.latest.get(policy_id) == version
+
+
 def test_commits_reach_other_processes_and_their_gets_skip_the_store(make_store, reader):
     store = make_store(max_staleness_s=2.0)
     source = net()
     store.publish("p", net().state_dict())
+    eventually(lambda: known(reader, "p", 1), "p@v1's number pushed to the reader")
+    assert ray.get(reader.get.remote("p")) == (("p", 1), 1)  # first get of the policy: one call to the store
     store.publish("p", source.state_dict(), meta={"elo": 1})
-    eventually(lambda: pushed(reader, "p", 2), "p@v2 pushed to the reader")
-    assert ray.get(reader.get.remote("p")) == (("p", 2), 0)  # latest: a lookup, no call to the store
-    assert ray.get(reader.get.remote("p", 1)) == (("p", 1), 0)  # a hot version: one ray.get of a held ref
+    eventually(lambda: pushed(reader, "p", 2), "p@v2 pushed to the reader, with its ref")
+    assert ray.get(reader.get.remote("p")) == (("p", 2), 0)  # latest: a lookup, and one ray.get of a held ref
     assert ray.get(reader.load_twice.remote("p"))  # held: the same snapshot, not fetched again
-    assert store.stats().watchers >= 1  # the reader's long poll, in the store's watch group
+    eventually(lambda: store.stats().watchers >= 1, "the reader waiting on the store's doorbell")
 
 
 def test_a_publisher_reads_its_own_write_at_once(make_store):
@@ -105,6 +117,7 @@ def test_a_publisher_reads_its_own_write_at_once(make_store):
 def test_stale_push_falls_back_to_the_store_and_held_refs_still_serve(make_store, reader):
     store = make_store(max_staleness_s=0.4)
     store.publish("p", net().state_dict())
+    ray.get(reader.open.remote("p"))
     eventually(lambda: pushed(reader, "p", 1), "p@v1 pushed")
     catalog = actor_pid(CATALOG_NAME)
     os.kill(catalog, signal.SIGSTOP)  # the store hears nothing more: its push goes stale, then the readers'
@@ -126,6 +139,7 @@ def test_a_restarted_store_is_followed_again(make_store, reader):
     store = make_store(max_staleness_s=0.4)
     source = net()
     store.publish("p", source.state_dict(), durable=True)
+    ray.get(reader.open.remote("p"))
     eventually(lambda: pushed(reader, "p", 1), "p@v1 pushed")
     os.kill(actor_pid(store_name(store.node_id)), signal.SIGKILL)  # Ray restarts it; it rebuilds from disk
     policystore.clear_cache()
@@ -139,11 +153,12 @@ def test_deletes_are_pushed_and_never_served_again(make_store, reader):
     store = make_store(max_staleness_s=2.0)
     for _ in range(2):
         store.publish("p", net().state_dict())
+    ray.get(reader.open.remote("p"))
     eventually(lambda: pushed(reader, "p", 2), "p@v2 pushed")
     assert ray.get(reader.get.remote("p"))[0] == ("p", 2)  # the reader holds v2 now
     assert store.delete("p", 2) == [("p", 2)]
     assert store.get("p").id.version == 1  # the deleting process at once
-    eventually(lambda: pushed(reader, "p", 1) and ("p", 2) not in ray.get(reader.push_state.remote()).hot,
+    eventually(lambda: known(reader, "p", 1) and ("p", 2) not in ray.get(reader.push_state.remote()).hot,
              "the delete pushed")
     assert ray.get(reader.get.remote("p"))[0] == ("p", 1)
     assert ray.get(reader.get_error.remote("p", 2)) == UnknownVersionError.__name__
@@ -161,6 +176,7 @@ def test_eviction_is_pushed_and_readers_let_go_of_the_memory(make_store, reader)
 
     store = make_store(hot_capacity_bytes=int(5.5 * MiB), max_staleness_s=2.0)
     store.publish("a", weights_of_mib(4))
+    ray.get(reader.open.remote("a"))
     eventually(lambda: pushed(reader, "a", 1), "a pushed")
     assert object_store_used() >= 4 * MiB
     store.publish("b", weights_of_mib(1, seed=1))
@@ -170,6 +186,55 @@ def test_eviction_is_pushed_and_readers_let_go_of_the_memory(make_store, reader)
     eventually(lambda: ("a", 1) not in store.push_state().hot, "a's eviction pushed to this process")
     eventually(lambda: object_store_used() < 3 * MiB, "a's memory freed once no process holds it")
     assert ray.get(reader.get.remote("a"))[0] == ("a", 1)  # and it comes back from disk on demand
+
+
+def test_more_followers_than_watch_threads_all_get_pushes(make_store, reader):
+    store = make_store(max_watchers=1, max_staleness_s=2.0)  # one thread answers followers in store and catalog
+    readers = [reader, *(Reader.remote() for _ in range(3))]
+    store.publish("p", net().state_dict())
+    for r in readers:
+        assert ray.get(r.open.remote("p")) == ("p", 1)
+    bell = ray.get(ray.get_actor(store_name(store.node_id), namespace=NAMESPACE).doorbell.remote())
+    ring = ray.get(bell.wait.remote(0, "", 0))
+    waits = [bell.wait.remote(ring.seq, ring.epoch, WAIT_S) for _ in range(200)]  # far more than any thread pool
+    eventually(lambda: ray.get(bell.waiters.remote()) >= 200, "200 waiters on the doorbell at once")
+    store.publish("p", net().state_dict())
+    assert all(r.seq > ring.seq for r in ray.get(waits, timeout=WAIT_S))  # every waiter woke with the news
+    for r in readers:
+        eventually(lambda r=r: pushed(r, "p", 2), "p@v2 pushed to every reader")
+        assert ray.get(r.get.remote("p")) == (("p", 2), 0)  # by push, not by a round trip
+    eventually(lambda: store.stats().watchers >= len(readers), "every reader waiting on the doorbell, no thread")
+
+
+def test_a_reader_gets_refs_only_of_what_it_opened(make_store, reader):
+    store = make_store(max_staleness_s=2.0)
+    for pid in ("u", "v", "w"):  # policies the module's reader has never opened
+        store.publish(pid, weights_of_mib(0.01))
+    eventually(lambda: all(known(reader, pid, 1) for pid in "uvw"), "the versions pushed")
+    state = ray.get(reader.push_state.remote())
+    assert not {("u", 1), ("v", 1), ("w", 1)} & set(state.hot)  # hot on the node, never opened: no ref held
+    assert ray.get(reader.get.remote("v")) == (("v", 1), 1)  # opened: one call to the store
+    eventually(lambda: pushed(reader, "v", 1), "v's ref pushed once the reader follows v")
+    for pid in ("u", "v"):
+        store.publish(pid, weights_of_mib(0.01, seed=2))
+    eventually(lambda: pushed(reader, "v", 2) and known(reader, "u", 2), "the new versions pushed")
+    state = ray.get(reader.push_state.remote())
+    assert "v" in state.follows and "u" not in state.follows
+    assert {sid for sid in state.hot if sid.policy_id in "uvw"} == {("v", 2)}  # u's: its number; v@1: let go of
+
+
+def test_first_get_of_an_unopened_hot_snapshot_never_asks_the_catalog(make_store, reader):
+    store = make_store(max_staleness_s=60.0)  # the push stays fresh while the catalog is stopped
+    store.publish("q", weights_of_mib(0.01))
+    store.publish("r", weights_of_mib(0.01))  # neither ever opened by the reader
+    eventually(lambda: known(reader, "q", 1) and known(reader, "r", 1), "the versions pushed")
+    catalog = actor_pid(CATALOG_NAME)
+    os.kill(catalog, signal.SIGSTOP)  # any call to the catalog would hang
+    try:
+        assert ray.get(reader.get.remote("q"), timeout=WAIT_S) == (("q", 1), 1)  # latest by push, then the store
+        assert ray.get(reader.get.remote("r", 1), timeout=WAIT_S) == (("r", 1), 1)
+    finally:
+        os.kill(catalog, signal.SIGCONT)
 
 
 def test_clear_cache_drops_this_process_snapshots(make_store):
