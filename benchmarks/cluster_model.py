@@ -202,7 +202,7 @@ def calibrate(nodes: int, nbytes: int) -> Costs:
 
     from policystore.catalog import CONCURRENCY_GROUPS, CatalogServer
     from policystore.config import StoreConfig
-    from policystore.format import checksum_of
+    from policystore.format import pack, verify_buffer
 
     nodes = max(nodes, 4)
     store_bytes = max(256 * MiB, 4 * nbytes)
@@ -260,8 +260,8 @@ def calibrate(nodes: int, nbytes: int) -> Costs:
     finally:
         ray.shutdown()
         cluster.shutdown()
-    buf = np.ones(nbytes, dtype=np.uint8)
-    checksum_s = statistics.median(harness.timed(lambda: checksum_of(buf), 5))
+    buf = pack({"w": np.ones(nbytes // 4, dtype=np.float32)}, policy_id="calibration")
+    checksum_s = statistics.median(harness.timed(lambda: verify_buffer(buf, name="calibration"), 5))
     out = np.empty_like(buf)
     copy_s = statistics.median(harness.timed(lambda: np.copyto(out, buf), 5))
     return Costs(call_s, catalog_call_s, stream, node, fabric, nbytes / checksum_s, nbytes / copy_s)
