@@ -474,24 +474,24 @@ class Chaos:
                 outcome[(pid, version)] = type(exc).__name__
         return outcome
 
-    def unreadable_visible(self) -> dict[str, str]:
+    def unreadable_visible(self) -> tuple[dict[str, str], dict[str, str]]:
         """Every snapshot ``list()`` shows afterwards (acknowledged or not: a learner killed between the commit and
-        its reply leaves a committed, unacknowledged one), read back: id -> why it could not be read whole. A
-        non-durable one that no node holds any more was lost within the documented bound (its store died before
-        it reached another copy) and is counted apart, as ``nondurable``."""
+        its reply leaves a committed, unacknowledged one), read back. Returns (id -> why it could not be read
+        whole, id -> why for non-durable ones no node holds any more: lost within the documented bound, its store
+        died before it reached another copy)."""
         from policystore import SnapshotLostError
         from policystore.wire import DURABLE
 
-        problems = {}
+        unreadable, lost_nondurable = {}, {}
         for info in self.store.list():
             try:
                 snap = self.store.get(*info.id)
                 if digest(snap) != snap.meta.get("digest"):
-                    problems[str(info.id)] = "wrong bytes"
+                    unreadable[str(info.id)] = "wrong bytes"
             except Exception as exc:
                 bound = DURABLE not in info.holders and isinstance(exc, SnapshotLostError)
-                problems[str(info.id)] = f"{type(exc).__name__}{' (nondurable)' if bound else ''}"
-        return problems
+                (lost_nondurable if bound else unreadable)[str(info.id)] = type(exc).__name__
+        return unreadable, lost_nondurable
 
     def resurrected(self, confirmed: set, settle_s: float = 60.0) -> int:
         """Deleted snapshots the durable tier still has committed: what a fresh catalog on it would list. A delete
@@ -519,8 +519,8 @@ def first_after(times: list[float], t: float) -> float | None:
     return min(later) - t if later else None
 
 
-def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, unreadable: dict[str, str],
-            run_s: float) -> tuple[list[dict], dict]:
+def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict,
+            visible: tuple[dict[str, str], dict[str, str]], run_s: float) -> tuple[list[dict], dict]:
     acks, slots, fresh = data["acks"], data["slots"], data["fresh"]
     ack_times = {i: sorted(a["t"] for a in acks.values() if a["learner"] == i) for i in range(chaos.args.learners)}
     all_acks = sorted(a["t"] for a in acks.values())
@@ -595,12 +595,12 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict, unreadable: dict[
         "longest_stall_s": max(stalls) if stalls else None,
         "racing_deletes": data["racing"],
         "deleted_resurrected": chaos.resurrected(data["confirmed"]),
-        "visible_unreadable": sum(1 for why in unreadable.values() if "(nondurable)" not in why),
-        "visible_lost_nondurable": sum(1 for why in unreadable.values() if "(nondurable)" in why),
+        "visible_unreadable": len(visible[0]),
+        "visible_lost_nondurable": len(visible[1]),
         "faults": len(chaos.faults),
         "errors": errors,
         "durable_lost_ids": [f"{p}@v{v}: {lost[(p, v)]}" for p, v in durable_lost][:20],
-        "visible_unreadable_ids": [f"{sid}: {why}" for sid, why in unreadable.items()][:20],
+        "visible_unreadable_ids": [f"{sid}: {why}" for sid, why in visible[0].items()][:20],
     }
     return rows, summary
 

@@ -707,8 +707,9 @@ class StoreServer:
                 served: Served = ray.get(peer.serve.remote(*sid, self.node_id, force), timeout=_FETCH_TIMEOUT_S)
                 if served.snapshot is None:
                     full.append(holder)
-                    ask.extend(random.sample(others := [n for n in served.instead if n not in asked
-                                                        and n != self.node_id], len(others)))
+                    others = [n for n in served.instead if n not in asked and n != self.node_id]
+                    random.shuffle(others)
+                    ask.extend(others)
                     continue
                 # the bytes cross the network here, once
                 buf = open_shared(ray.get(served.snapshot.refs[0], timeout=_FETCH_TIMEOUT_S), strict=False)
