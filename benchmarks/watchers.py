@@ -76,7 +76,7 @@ class CatalogWatchers:
             since = start.seq
             deadline = time.monotonic() + WAIT_S
             while time.monotonic() < deadline:
-                ring = await bell.wait.remote(since, start.epoch, 0.5)
+                ring = await bell.wait(since, start.epoch, 0.5)
                 events = await self.catalog.watch.remote(since, 0, start.epoch)
                 woken, since = ring.seq > since, events.seq
                 if any(e.id == (pid, version) for e in events.committed):
@@ -102,8 +102,8 @@ def run(results: harness.Results, readers: int, catalog_watchers: int, rounds: i
         store_actor = ray.get_actor(store_name(store.node_id, league), namespace=NAMESPACE)
         catalog = ray.get_actor(catalog_name(league), namespace=NAMESPACE)
         pids = {"store": pid_of(store_actor), "catalog": pid_of(catalog),
-                "store_doorbell": pid_of(ray.get(store_actor.doorbell.remote())),
-                "catalog_doorbell": pid_of(ray.get(catalog.doorbell.remote()))}
+                "store_doorbell": pid_of(ray.get(store_actor.doorbell.remote()).actor),
+                "catalog_doorbell": pid_of(ray.get(catalog.doorbell.remote()).actor)}  # one process per node
         idle = {f"{k}_idle": v for k, v in threads(pids).items()}
         actors: list[Any] = []
         while len(actors) < readers:  # as many as the machine holds: never into Ray's memory monitor (other jobs')

@@ -51,7 +51,7 @@ import ray
 
 from . import catalogdb
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
-from .config import NAMESPACE, StoreConfig, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, store_name
 from .errors import (
     InvalidMetaError,
     InvalidOptionError,
@@ -63,7 +63,7 @@ from .errors import (
 )
 from .format import check_meta
 from .ids import SnapshotId, check_policy_id, check_version
-from .watch import start_doorbell
+from .watch import Bell, node_doorbell
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Ring, Summary
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ class CatalogServer:
         self._path = Path(db_path)
         self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
         self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
-        self._bell: ray.actor.ActorHandle | None = None  # started when the first watcher asks for it
+        self._bell: Bell | None = None  # found (or started) when the first watcher asks for it
         self._keep = max(1, event_log_keep)
         self._calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
@@ -502,12 +502,13 @@ class CatalogServer:
     # ---- watch ---------------------------------------------------------------------------------------------
     @_counted  # outermost: Ray may look through the wrapper to the function, which must carry the group too
     @ray.method(concurrency_group=WATCH_GROUP)
-    def doorbell(self) -> ray.actor.ActorHandle:
-        """The doorbell watchers wait on (``watch.Doorbell``), rung with this catalog's event number and epoch after
-        every change: started on this node on first use, and it dies with this catalog."""
+    def doorbell(self) -> Bell:
+        """Where watchers wait: this catalog's channel on its node's doorbell (``watch.Doorbell``), rung with its
+        event number and epoch after every change."""
         with self._lock:
             if self._bell is None:
-                self._bell = start_doorbell(ray.get_runtime_context().get_node_id())
+                self._bell = node_doorbell(ray.get_runtime_context().get_node_id(),
+                                           catalog_name(self.config.league or DEFAULT_LEAGUE))
                 self._ring()
             return self._bell
 
@@ -516,7 +517,7 @@ class CatalogServer:
         the change just made: watchers that miss a ring ask anyway within half a poll."""
         if self._bell is not None:
             try:
-                self._bell.ring.remote(Ring(self._seq, 0.0, self._epoch))
+                self._bell.ring(Ring(self._seq, 0.0, self._epoch))
             except Exception as exc:
                 log.warning("catalog: ringing the doorbell failed (%s)", type(exc).__name__)
 

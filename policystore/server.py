@@ -70,7 +70,7 @@ from .protect import open_shared, shareable
 from .snapfile import SpillFile
 from .spill import TOMBSTONES, DiskTier
 from .staging import StagingMaps
-from .watch import Feed, start_doorbell
+from .watch import Bell, Feed, node_doorbell
 from .wire import (
     DURABLE,
     CatalogEntry,
@@ -194,7 +194,8 @@ class StoreServer:
         # catalog's database is new (``_follow_catalog``).
         self._registrar = ThreadPoolExecutor(1, thread_name_prefix="policystore-register")
         self._started = self._reconciled = self._registrar.submit(self._reconcile, True)
-        self._bell = start_doorbell(node_id)  # the node's readers wait on it, not on threads of this actor
+        # the node's readers wait on its doorbell, not on threads of this actor
+        self._bell = node_doorbell(node_id, store_name(node_id, self.league))
         threading.Thread(target=self._ring_doorbell, name="policystore-doorbell", daemon=True).start()
         threading.Thread(target=self._follow_catalog, name="policystore-catalog-follower", daemon=True).start()
         threading.Thread(target=self._every_few_seconds, name="policystore-periodic", daemon=True).start()
@@ -255,11 +256,11 @@ class StoreServer:
                 if bell is None:
                     bell = ray.get(self.catalog.doorbell.remote(), timeout=limit)
                 if epoch is not None:
-                    ray.get(bell.wait.remote(since, epoch, self.config.poll_s / 2), timeout=limit)
+                    ray.get(bell.wait(since, epoch, self.config.poll_s / 2), timeout=limit)
                 sent = time.monotonic()
                 events: CatalogEvents = ray.get(self.catalog.watch.remote(since if epoch else 0, 0), timeout=limit)
             except Exception as exc:  # catalog restarting: readers see the feed go stale and ask directly
-                bell = None  # a restarted catalog has a new doorbell
+                bell = None  # a restarted catalog may stand on another node
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
                     log.warning("following the catalog failed (%s: %s)", type(exc).__name__, str(exc)[:200])
@@ -289,7 +290,7 @@ class StoreServer:
         while True:
             ring = self.feed.next_ring(last, self.config.poll_s)
             try:
-                self._bell.ring.remote(ring)
+                self._bell.ring(ring)
             except Exception as exc:  # Ray restarts it; the next ring tells it again
                 log.warning("ringing the doorbell failed (%s)", type(exc).__name__)
             last = ring
@@ -319,8 +320,8 @@ class StoreServer:
             return 0
 
     @ray.method(concurrency_group="watch")
-    def doorbell(self) -> ray.actor.ActorHandle:
-        """The doorbell readers wait on for news of this store's feed (``watch.Doorbell``)."""
+    def doorbell(self) -> Bell:
+        """Where readers wait for news of this store's feed: its channel on the node's ``watch.Doorbell``."""
         return self._bell
 
     @ray.method(concurrency_group="watch", enable_task_events=False)  # called by every follower: see watch.py
@@ -793,7 +794,7 @@ class StoreServer:
     def _waiting(self) -> int:
         """Readers waiting on the doorbell now (-1: it did not answer within a second)."""
         try:
-            return ray.get(self._bell.waiters.remote(), timeout=1.0)
+            return ray.get(self._bell.waiters(), timeout=1.0)
         except Exception:
             return -1
 

@@ -2,11 +2,11 @@
 
 Store side, ``Feed``: numbered events (a policy's latest version changed; a snapshot became hot on the node, with
 its header and object ref; a snapshot stopped being hot; a snapshot was deleted) that ``StoreServer.watch`` hands
-out. ``Doorbell``: a small async actor beside the store (and one beside the catalog) on which followers wait for
-news, one coroutine each, so no follower holds a thread of the store or catalog. Reader side, ``Follower``: one
-daemon thread per process and node store that waits on the doorbell and asks the store what changed when it
-rings, holding the pushed refs of the policies the process opened (so a get of a pushed version is one
-``ray.get``, no actor call) and dropping them when the store says a snapshot is gone (so eviction frees the
+out. ``Doorbell``: a small async actor per node (a channel each for the node's stores and the catalog) on which
+followers wait for news, one coroutine each, so no follower holds a thread of the store or catalog. Reader side,
+``Follower``: one daemon thread per process and node store that waits on the doorbell and asks the store what
+changed when it rings, holding the pushed refs of the policies the process opened (so a get of a pushed version
+is one ``ray.get``, no actor call) and dropping them when the store says a snapshot is gone (so eviction frees the
 memory). Snapshots of other policies cost a follower their latest version number only; opening one is one store
 call (never a catalog call when the node holds it).
 
@@ -199,61 +199,89 @@ class Feed:
 
 
 class Doorbell:
-    """Run as a small async Ray actor beside a store (one per node) or the catalog: followers wait here for news,
-    each as one coroutine of one event loop, never as a thread of the store or catalog; they call those only
-    when there is news (or reads to report). Ray serves an actor's methods either on threads or, if any method is
-    async, all on event loops (a blocking method then stalls the others), so the threaded store and catalog keep
-    their threads and hand the waiting to this actor.
+    """Run as one small async Ray actor per node, shared by every store and catalog on it (each rings a channel
+    named for itself): followers wait here for news, each as one coroutine of one event loop, never as a thread of
+    the store or catalog; they call those only when there is news (or reads to report). Ray serves an actor's
+    methods either on threads or, if any method is async, all on event loops (a blocking method then stalls the
+    others), so the threaded store and catalog keep their threads and hand the waiting to this actor. One per node,
+    not one per store: it is one idle process per node whatever the number of leagues, and a store or catalog
+    started anew finds it running.
 
-    The store (or catalog) rings it with its feed's ``Ring`` whenever it changes, from one thread (Ray keeps one
-    caller's calls in order). A restarted doorbell knows nothing ("" epoch) until the next ring, which comes
-    within a poll interval: meanwhile its waiters time out and ask their store."""
+    A store (or catalog) rings its channel with its feed's ``Ring`` whenever it changes, from one thread (Ray keeps
+    one caller's calls in order). A channel not rung yet, or a restarted doorbell, knows nothing ("" epoch) until
+    the next ring, which comes within a poll interval: meanwhile its waiters time out and ask their store."""
 
     def __init__(self) -> None:
-        self._ring = Ring(0, -math.inf, "")
-        self._news: asyncio.Future | None = None
-        self.waiting = 0
+        self._rings: dict[str, Ring] = {}
+        self._news: dict[str, asyncio.Future] = {}
+        self._waiting: dict[str, int] = {}
 
     @ray.method(enable_task_events=_TASK_EVENTS)
-    async def ring(self, ring: Ring) -> None:
-        news = (ring.seq, ring.epoch) != (self._ring.seq, self._ring.epoch)
-        self._ring = ring
-        if news and self._news is not None and not self._news.done():
-            self._news.set_result(None)
+    async def ring(self, channel: str, ring: Ring) -> None:
+        last = self._rings.get(channel, _SILENT)
+        self._rings[channel] = ring
+        news = self._news.get(channel)
+        if (ring.seq, ring.epoch) != (last.seq, last.epoch) and news is not None and not news.done():
+            news.set_result(None)
 
     @ray.method(enable_task_events=_TASK_EVENTS)
-    async def wait(self, since: int, epoch: str, timeout_s: float) -> Ring:
-        """The ring, once it names an event after ``since`` or another epoch than ``epoch`` (the caller's), or
-        after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens)."""
+    async def wait(self, channel: str, since: int, epoch: str, timeout_s: float) -> Ring:
+        """The channel's ring, once it names an event after ``since`` or another epoch than ``epoch`` (the
+        caller's), or after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(float(timeout_s), 0.0), 60.0)
-        self.waiting += 1
+        self._waiting[channel] = self._waiting.get(channel, 0) + 1
         try:
-            while self._ring.seq <= since and self._ring.epoch in ("", epoch):
+            while (ring := self._rings.get(channel, _SILENT)).seq <= since and ring.epoch in ("", epoch):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
-                if self._news is None or self._news.done():
-                    self._news = loop.create_future()
+                news = self._news.get(channel)
+                if news is None or news.done():
+                    news = self._news[channel] = loop.create_future()
                 try:
-                    await asyncio.wait_for(asyncio.shield(self._news), remaining)
+                    await asyncio.wait_for(asyncio.shield(news), remaining)
                 except asyncio.TimeoutError:
                     break
         finally:
-            self.waiting -= 1
-        return self._ring
+            self._waiting[channel] -= 1
+        return self._rings.get(channel, _SILENT)
 
-    async def waiters(self) -> int:
-        """Followers waiting now."""
-        return self.waiting
+    async def waiters(self, channel: str) -> int:
+        """Followers waiting on ``channel`` now."""
+        return self._waiting.get(channel, 0)
 
 
-def start_doorbell(node_id: str) -> ray.actor.ActorHandle:
-    """A doorbell on ``node_id``, owned by the caller (it dies with the store or catalog that rings it)."""
-    return ray.remote(Doorbell).options(
+_SILENT = Ring(0, -math.inf, "")  # a channel nobody has rung yet
+
+
+@dataclass(frozen=True)
+class Bell:
+    """One store's or catalog's channel on its node's doorbell: what a follower is handed to wait on."""
+
+    actor: ray.actor.ActorHandle
+    channel: str
+
+    def ring(self, ring: Ring) -> None:
+        self.actor.ring.remote(self.channel, ring)
+
+    def wait(self, since: int, epoch: str, timeout_s: float) -> ray.ObjectRef:
+        """A ref to the ring after ``since`` (see ``Doorbell.wait``)."""
+        return self.actor.wait.remote(self.channel, since, epoch, timeout_s)
+
+    def waiters(self) -> ray.ObjectRef:
+        return self.actor.waiters.remote(self.channel)
+
+
+def node_doorbell(node_id: str, channel: str) -> Bell:
+    """``channel`` on the doorbell of ``node_id``, started if missing (creation is atomic in Ray's GCS). Detached:
+    it outlives the stores and catalogs that ring it, so one started anew finds it running."""
+    actor = ray.remote(Doorbell).options(
+        name=f"policystore-doorbell-{node_id}", namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
         num_cpus=0, max_concurrency=MAX_WAITERS, max_restarts=-1,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote()
+    return Bell(actor, channel)
 
 
 @dataclass(frozen=True)
@@ -284,7 +312,7 @@ class Follower:
         self._name = store_name(node_id, config.league or DEFAULT_LEAGUE)
         self._on_catalog = on_catalog  # told the catalog's epoch: a new one numbers versions anew
         self._actor: ray.actor.ActorHandle | None = None  # looked up by name: a store started anew is found
-        self._bell: ray.actor.ActorHandle | None = None  # that store's doorbell (asked of the store)
+        self._bell: Bell | None = None  # that store's channel on the node's doorbell (asked of the store)
         self._poll_s = config.poll_s
         self._max_staleness_s = config.max_staleness_s
         self._on_deleted = on_deleted
@@ -362,7 +390,7 @@ class Follower:
                 if news or self._used or self._adopt:
                     if not self._call_store(session, limit):
                         return
-                ring = self._wait(self._bell.wait.remote(self._seq, self._epoch or "", self._poll_s).future(),
+                ring = self._wait(self._bell.wait(self._seq, self._epoch or "", self._poll_s).future(),
                                   session, limit)
                 if ring is None:
                     return

@@ -195,9 +195,9 @@ def test_more_followers_than_watch_threads_all_get_pushes(make_store, reader):
     for r in readers:
         assert ray.get(r.open.remote("p")) == ("p", 1)
     bell = ray.get(ray.get_actor(store_name(store.node_id), namespace=NAMESPACE).doorbell.remote())
-    ring = ray.get(bell.wait.remote(0, "", 0))
-    waits = [bell.wait.remote(ring.seq, ring.epoch, WAIT_S) for _ in range(200)]  # far more than any thread pool
-    eventually(lambda: ray.get(bell.waiters.remote()) >= 200, "200 waiters on the doorbell at once")
+    ring = ray.get(bell.wait(0, "", 0))
+    waits = [bell.wait(ring.seq, ring.epoch, WAIT_S) for _ in range(200)]  # far more than any thread pool
+    eventually(lambda: ray.get(bell.waiters()) >= 200, "200 waiters on the doorbell at once")
     store.publish("p", net().state_dict())
     assert all(r.seq > ring.seq for r in ray.get(waits, timeout=WAIT_S))  # every waiter woke with the news
     for r in readers:
