@@ -206,7 +206,8 @@ def calibrate(nodes: int, nbytes: int) -> Costs:
 
     nodes = max(nodes, 4)
     store_bytes = max(256 * MiB, 4 * nbytes)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store_bytes})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store_bytes,
+                                                            "include_dashboard": False})
     try:
         for _ in range(nodes - 1):
             cluster.add_node(num_cpus=1, object_store_memory=store_bytes)

@@ -244,7 +244,8 @@ def fanout(results: harness.Results, args) -> None:
 
     store_bytes = max(256 * MiB, 4 * max(args.fanout_mib) * MiB)
     session = None
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store_bytes})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store_bytes,
+                                                            "include_dashboard": False})
     try:
         for _ in range(args.nodes - 1):
             cluster.add_node(num_cpus=1, object_store_memory=store_bytes)

@@ -86,7 +86,8 @@ def on(node_id: str, **options):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     durable = tmp_path_factory.mktemp("durable")
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": STORE_MEMORY})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": STORE_MEMORY,
+                                                      "include_dashboard": False})
     for _ in range(2):
         c.add_node(num_cpus=1, object_store_memory=STORE_MEMORY)
     c.wait_for_nodes()
