@@ -3,7 +3,7 @@ build (a cached skeleton, cloned per call), a forward pass guarded versus in ``f
 protection's open/release cycle.
 
 Not part of the default test run (pytest's testpaths is tests/). Run them with
-    python -m pytest benchmarks/test_format_bench.py --benchmark-enable
+    python -m pytest -n 0 benchmarks/test_format_bench.py --benchmark-enable   # -n 0: no timing under xdist
 Without --benchmark-enable (the project default) each runs once, as a quick correctness pass.
 """
 
