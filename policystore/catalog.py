@@ -322,24 +322,10 @@ class CatalogServer:
 
     # ---- holders -------------------------------------------------------------------------------------------
     @_counted
-    def hold(self, policy_id: str, version: int, node_id: str) -> None:
-        """Record that ``node_id`` (or ``wire.DURABLE``) has a copy of a committed snapshot."""
-        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
-        _check_node(node_id)
-        with self._write(durable=False) as db:
-            self._add_holder(db, sid, node_id)
-
-    @_counted
-    def drop(self, policy_id: str, version: int, node_id: str) -> None:
-        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
-        with self._write(durable=False) as db:
-            db.execute("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?", (*sid, node_id))
-
-    @_counted
     def update_holders(self, gained: Sequence[tuple[SnapshotId, str]] = (),
                        dropped: Sequence[tuple[SnapshotId, str]] = ()) -> None:
-        """A store's holder changes since its last call, in one call and one transaction (``hold`` and ``drop``
-        batched: a store sends them once per interval, so the catalog's load per snapshot is one message per
+        """A store's holder changes since its last call, in one call and one transaction (gained and dropped
+        copies batched: a store sends them once per interval, so the catalog's load per snapshot is one message per
         node). Each change is ``(snapshot id, node id or wire.DURABLE)``; all are checked before any is written."""
         checked = [[_check_change(change) for change in changes] for changes in (gained, dropped)]
         with self._write(durable=False) as db:

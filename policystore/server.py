@@ -51,7 +51,6 @@ from .errors import (
     UnknownPolicyError,
 )
 from .format import (
-    META_CREATED,
     META_POLICY,
     Background,
     Expected,
@@ -145,11 +144,6 @@ def _node_object_store_bytes(node_id: str) -> int:
     raise RuntimeError(f"node {node_id} is not part of this Ray cluster")
 
 
-def _summary(header: Header, durable: bool) -> Summary:
-    return Summary(header.nbytes, header.checksum, header.user_meta, float(header.metadata.get(META_CREATED, 0)),
-                   durable)
-
-
 def check_durable(durable: object) -> bool:
     if not isinstance(durable, bool):
         raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
@@ -207,7 +201,7 @@ class StoreServer:
         its answer: discard what was never committed, aborted or deleted (here and in the durable tier),
         quarantine what conflicts."""
         with self._lock:
-            held = [(sid, _summary(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt]
+            held = self._held_locked()
         reconciled: Reconciled = self._on_catalog(
             lambda: self.catalog.reconcile.remote(self.node_id, held, restarted=restarted))
         for sid in reconciled.discard:
@@ -230,7 +224,7 @@ class StoreServer:
         starts with a new database: it asks every live store before it hands out a version. Served beside the
         readers' long polls, so it never waits behind calls queued on the rebuilding catalog."""
         with self._lock:
-            snapshots = tuple((sid, _summary(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt)
+            snapshots = tuple(self._held_locked())
             high = dict(self._high)
         for sid, _ in snapshots:
             high[sid.policy_id] = max(high.get(sid.policy_id, 0), sid.version)
@@ -352,7 +346,6 @@ class StoreServer:
     def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False) -> SnapshotId:
         """Publish the snapshot a publisher on this node packed into the first ``nbytes`` of its staging file (the
         file stays: the publisher packs its next snapshot into the same pages)."""
-        check_policy_id(policy_id)
         return self._publish(policy_id, self._staging.view(path, nbytes), durable)
 
     def _publish(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
@@ -411,7 +404,7 @@ class StoreServer:
                         while the data object uploads)."""
                         landing.enter_context(self._landing(policy_id))
                         self._on_catalog(lambda: self.catalog.commit.remote(
-                            policy_id, sid.version, self.node_id, _summary(header, True)))
+                            policy_id, sid.version, self.node_id, Summary.of(header, True)))
 
                     if self.uploads is not None:  # the marker after the catalog's commit: it never names an
                         # uncommitted version; the upload runs within the tier's deadline
@@ -429,7 +422,7 @@ class StoreServer:
                 landing.enter_context(self._landing(policy_id))
                 token = uuid.uuid4().hex  # the catalog answers a repeated call with the version this one was given
                 sid = self._on_catalog(lambda: self.catalog.publish.remote(
-                    policy_id, self.node_id, _summary(header, False), token)).id
+                    policy_id, self.node_id, Summary.of(header, False), token)).id
                 self._saw(*sid)
             with self._lock:
                 self._policies.setdefault(policy_id, {})[sid.version] = entry
@@ -998,6 +991,10 @@ class StoreServer:
     # ---- helpers (caller holds the lock) --------------------------------------------------------------------
     def _items_locked(self) -> list[tuple[SnapshotId, _Entry]]:
         return [(SnapshotId(p, v), e) for p, versions in self._policies.items() for v, e in versions.items()]
+
+    def _held_locked(self) -> list[tuple[SnapshotId, Summary]]:
+        """This node's copies as the catalog records them (a copy known to be corrupt is none)."""
+        return [(sid, Summary.of(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt]
 
     def _disk_bytes_locked(self) -> int:
         return sum(e.file.file_bytes for _, e in self._items_locked() if e.file is not None)

@@ -7,9 +7,12 @@ added here is added for every side at once; nothing is passed as an ad-hoc dict.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .ids import SnapshotId
+
+if TYPE_CHECKING:
+    from .format import Header
 
 DURABLE = "durable"  # the holder name of the shared durable tier in catalog entries
 
@@ -19,10 +22,14 @@ class Summary:
     """What a store tells the catalog about a snapshot it commits (no bytes)."""
 
     nbytes: int
-    checksum: str  # "crc32c:xxxxxxxx" (or "crc32:..." for files written before CRC-32C)
+    checksum: str  # "crc32c:xxxxxxxx"
     meta: dict[str, Any]
     created: float
     durable: bool
+
+    @classmethod
+    def of(cls, header: Header, durable: bool) -> Summary:
+        return cls(header.nbytes, header.checksum, header.user_meta, header.created, durable)
 
 
 @dataclass(frozen=True)

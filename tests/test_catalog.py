@@ -192,15 +192,13 @@ def test_bad_meta_is_refused_before_anything_is_stored(open_catalog, meta, match
 def test_holders_follow_hold_drop_and_delete(open_catalog):
     catalog = open_catalog()
     catalog.publish("p", "n1", summary())
-    catalog.hold("p", 1, "n2")
-    catalog.hold("p", 1, DURABLE)
-    catalog.hold("p", 1, "n2")
+    catalog.update_holders(gained=[(("p", 1), "n2"), (("p", 1), DURABLE), (("p", 1), "n2")])
     assert catalog.lookup("p").holders == ("n1", "n2", DURABLE)
-    catalog.drop("p", 1, "n1")
+    catalog.update_holders(dropped=[(("p", 1), "n1")])
     assert catalog.lookup("p").holders == ("n2", DURABLE)
     removed = catalog.delete("p", 1)
     assert removed[0].holders == ("n2", DURABLE)  # the caller cleans these copies up
-    catalog.hold("p", 1, "n3")  # a late hold of a deleted snapshot changes nothing
+    catalog.update_holders(gained=[(("p", 1), "n3")])  # a late hold of a deleted snapshot changes nothing
     catalog.publish("p", "n1", summary())
     assert catalog.lookup("p").holders == ("n1",)
 
@@ -230,7 +228,7 @@ def test_list_pages_every_entry_exactly_once_in_order(open_catalog):
         pid = rng.choice(["a", "b.x", "B", "c-1"])
         sid = catalog.publish(pid, f"n{i % 3}", summary()).id
         if i % 5 == 0:
-            catalog.hold(*sid, "n9")
+            catalog.update_holders(gained=[(sid, "n9")])
         if i % 7 == 0:
             catalog.delete(*sid)
     everything = catalog.list()
