@@ -20,8 +20,9 @@ from .ids import SnapshotId
 from .wire import SnapshotInfo, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
-    from .client import PolicyStore, clear_cache, connect, connect_all
+    from .client import PolicyStore, connect, connect_all
     from .reader import FileInfo, FolderReader, open_folder
+    from .session import clear_cache
     from .snapshot import Snapshot
     from .views import SharedTensor, fast_reads
 
@@ -31,7 +32,8 @@ _ERRORS = {name: cls for name, cls in vars(errors).items()
 globals().update(_ERRORS)
 
 _LAZY = {name: module for module, names in {
-    "client": ("PolicyStore", "clear_cache", "connect", "connect_all"),
+    "client": ("PolicyStore", "connect", "connect_all"),
+    "session": ("clear_cache",),
     "snapshot": ("Snapshot",),
     "views": ("SharedTensor", "fast_reads"),
     "reader": ("open_folder", "FolderReader", "FileInfo"),
