@@ -228,12 +228,12 @@ class PolicyStore:
             self._bind()
         return self._session
 
-    def _call(self, method: Callable, *args: Any, idempotent: bool = True, timeout_s: float | None = None) -> Any:
-        """Run ``method`` (a StoreServer or CatalogServer method) on its actor within ``timeout_s`` (default
-        ``config.call_timeout_s``), riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
-        Writes are not retried: whether a publish landed must be visible."""
+    def _call(self, method: Callable, *args: Any, on_catalog: bool = False, idempotent: bool = True,
+              timeout_s: float | None = None) -> Any:
+        """Run ``method`` on the store's actor (a CatalogServer method ``on_catalog``: the catalog's) within
+        ``timeout_s`` (default ``config.call_timeout_s``), riding out a restart (Ray restarts it; it rebuilds from
+        disk) for reads. Writes are not retried: whether a publish landed must be visible."""
         deadline = time.monotonic() + RETRY_TIMEOUT_S
-        on_catalog = method.__qualname__.startswith("CatalogServer.")
         while True:
             actor = self._catalog if on_catalog else self._actor
             what = (f"catalog of league {self.league!r}" if on_catalog
@@ -402,7 +402,7 @@ class PolicyStore:
         session = self._live()
         version = session.latest(policy_id, self._follower)
         if version is None:
-            entry: CatalogEntry = self._call(CatalogServer.lookup, policy_id)
+            entry: CatalogEntry = self._call(CatalogServer.lookup, policy_id, on_catalog=True)
             session.saw(entry.id)
             version = max(entry.version, session.seen.get(policy_id, 0))
         return version
