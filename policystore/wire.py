@@ -80,6 +80,15 @@ class Served:
 
 
 @dataclass(frozen=True)
+class FeedEpoch:
+    """Which feed a store's events belong to: a restarted store (a new ``store``) or a new catalog database (a new
+    ``catalog``, "" until the store has heard from it) starts a new one, and the store's followers reset."""
+
+    store: str
+    catalog: str = ""
+
+
+@dataclass(frozen=True)
 class StoreEvents:
     """One answer to ``StoreServer.watch``: the node's view of the league since event ``since``.
 
@@ -94,7 +103,7 @@ class StoreEvents:
     hot: tuple[HotSnapshot, ...] = ()
     gone: tuple[SnapshotId, ...] = ()  # no longer hot here (evicted or deleted): readers drop their refs
     deleted: tuple[SnapshotId, ...] = ()  # deleted cluster-wide
-    epoch: str = ""
+    epoch: FeedEpoch | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ class Ring:
 
     seq: int
     as_of: float
-    epoch: str  # the feed's epoch: "" until the doorbell was first rung
+    epoch: FeedEpoch | str  # a store's feed epoch, or the catalog's: "" until the doorbell was first rung
 
 
 @dataclass(frozen=True)
