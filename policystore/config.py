@@ -79,12 +79,10 @@ class StoreConfig:
         if not _is_number(staleness) or not 0 <= staleness < 3600:
             raise ConfigError(f"StoreConfig.max_staleness_s must be a number of seconds in [0, 3600), "
                               f"got {staleness!r}")
-        if not _is_number(self.call_timeout_s) or not 0 < self.call_timeout_s <= 86400:
-            raise ConfigError(f"StoreConfig.call_timeout_s must be a number of seconds in (0, 86400], "
-                              f"got {self.call_timeout_s!r}")
-        if not _is_number(self.durable_timeout_s) or not 0 < self.durable_timeout_s <= 86400:
-            raise ConfigError(f"StoreConfig.durable_timeout_s must be a number of seconds in (0, 86400], "
-                              f"got {self.durable_timeout_s!r}")
+        for name in ("call_timeout_s", "durable_timeout_s"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 < value <= 86400:
+                raise ConfigError(f"StoreConfig.{name} must be a number of seconds in (0, 86400], got {value!r}")
         if self.league is not None:
             check_league(self.league)
 

@@ -765,16 +765,12 @@ class StoreServer:
                 node_id=self.node_id,
                 spill_dir=str(self.disk.root),
                 durable_uri=self.config.durable_uri,
-                hot_bytes=self.hot.bytes,
-                hot_snapshots=len(self.hot),
+                **self._gauges_locked(),
                 hot_capacity_bytes=self.hot.capacity_bytes,
-                disk_bytes=self._disk_bytes_locked(),
-                disk_snapshots=sum(e.file is not None for e in entries),
                 snapshots=len(entries),
                 pending_spills=sum(e.pending is not None for e in entries),
                 watchers=watchers,
                 quarantined=tuple(self.disk.quarantined()),
-                durable_pending=self.uploads.pending() if self.uploads is not None else 0,
                 durable_failures=self.uploads.failures if self.uploads is not None else 0,
                 durable_error=self.uploads.last_error if self.uploads is not None else None,
                 served=self._counters["served"],
@@ -939,12 +935,8 @@ class StoreServer:
         while True:
             self._staging.sweep()
             with self._lock:
-                entries = [e for _, e in self._items_locked()]
-                values = {"hot_bytes": self.hot.bytes, "hot_snapshots": len(self.hot),
-                          "disk_bytes": self._disk_bytes_locked(),
-                          "disk_snapshots": sum(e.file is not None for e in entries),
-                          "durable_pending": self.uploads.pending() if self.uploads is not None else 0}
-            self.metrics.set_gauges(**values)
+                gauges = self._gauges_locked()
+            self.metrics.set_gauges(**gauges)
             failures = self.uploads.failures if self.uploads is not None else 0
             if failures > reported_failures:
                 self.metrics.count("durable_failures", failures - reported_failures)
@@ -995,6 +987,12 @@ class StoreServer:
     def _held_locked(self) -> list[tuple[SnapshotId, Summary]]:
         """This node's copies as the catalog records them (a copy known to be corrupt is none)."""
         return [(sid, Summary.of(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt]
+
+    def _gauges_locked(self) -> dict[str, int]:
+        """The tiers' sizes and the durable backlog: in ``stats()``, and exported as the node's gauges."""
+        return {"hot_bytes": self.hot.bytes, "hot_snapshots": len(self.hot), "disk_bytes": self._disk_bytes_locked(),
+                "disk_snapshots": sum(e.file is not None for _, e in self._items_locked()),
+                "durable_pending": self.uploads.pending() if self.uploads is not None else 0}
 
     def _disk_bytes_locked(self) -> int:
         return sum(e.file.file_bytes for _, e in self._items_locked() if e.file is not None)
