@@ -51,7 +51,7 @@ import ray
 
 from . import catalogdb
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
-from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, store_name
 from .errors import (
     InvalidMetaError,
     InvalidOptionError,
@@ -68,7 +68,6 @@ from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, 
 
 log = logging.getLogger(__name__)
 
-WATCH_GROUP = "watch"
 # Threads that answer watchers (stores wait on the doorbell, not here, so a few serve any number of nodes).
 CONCURRENCY_GROUPS = {WATCH_GROUP: 8}
 VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version counter

@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from . import errors
 from .catalog import CatalogServer, ask_stores
-from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, check_league, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, check_league, store_name
 from .deadline import wait
 from .errors import (
     ConfigError,
@@ -65,7 +65,14 @@ _OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, r
 def _actor_class(cls: type, watchers: int) -> Any:
     """``cls`` as a Ray actor class whose ``watch`` calls run in their own group of ``watchers`` threads (followers
     wait on a doorbell actor, not on these threads)."""
-    return ray.remote(concurrency_groups={"watch": watchers})(cls)
+    return ray.remote(concurrency_groups={WATCH_GROUP: watchers})(cls)
+
+
+def _detached(cls: type, watchers: int, name: str, **options: Any) -> Any:
+    """The named actor ``name`` of ``cls``: found if it runs, else created (atomically, in Ray's GCS) detached,
+    taking no CPU slot, and restarted by Ray whenever it dies."""
+    return _actor_class(cls, watchers).options(name=name, namespace=NAMESPACE, get_if_exists=True,
+                                               lifetime="detached", num_cpus=0, max_restarts=-1, **options)
 
 
 # the namespace Ray gives a job that names none: a random UUID
@@ -138,14 +145,8 @@ def connect_all(config: StoreConfig | None = None, *, league: str | None = None)
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
     """The league's catalog: found by name, or created with ``config`` as the league's store settings."""
     session = ray.get_runtime_context().get_session_name()
-    return _actor_class(CatalogServer, config.max_watchers).options(
-        name=catalog_name(config.league),
-        namespace=NAMESPACE,
-        get_if_exists=True,
-        lifetime="detached",
-        num_cpus=0,
-        max_concurrency=8,
-        max_restarts=-1,
+    return _detached(
+        CatalogServer, config.max_watchers, catalog_name(config.league), max_concurrency=8,
         # On the head node, with the GCS, whoever starts it and wherever it restarts: on a worker node, that node's
         # loss would stall every publish and "latest" lookup until the GCS declares the node dead (~15-30 s).
         resources={HEAD_NODE_RESOURCE_NAME: 0.001},
@@ -178,16 +179,9 @@ def _store_actor(node_id: str, config: StoreConfig | None, league: str) -> ray.a
     catalog = _catalog_actor(config or StoreConfig(league=league))
     if config is None:
         config = _call(catalog.store_config, (), StoreConfig().call_timeout_s, f"catalog of league {league!r}")
-    return _actor_class(StoreServer, config.max_watchers).options(
-        name=store_name(node_id, league),
-        namespace=NAMESPACE,
-        get_if_exists=True,
-        lifetime="detached",
-        num_cpus=0,
-        max_concurrency=config.max_concurrency,
-        max_restarts=-1,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(config, node_id)
+    return _detached(StoreServer, config.max_watchers, store_name(node_id, league),
+                     max_concurrency=config.max_concurrency,
+                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(config, node_id)
 
 
 class PolicyStore:

@@ -120,6 +120,7 @@ class StoreConfig:
         return os.path.join(tempfile.gettempdir(), "policystore-spill", session_name)
 
 
+WATCH_GROUP = "watch"  # the stores' and the catalog's concurrency group of the calls their followers make
 NAMESPACE = "policystore"  # the Ray namespace of every league's actors (their names carry the league)
 CATALOG_NAME = "policystore-catalog"  # the default league's catalog
 DEFAULT_LEAGUE = "default"

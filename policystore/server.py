@@ -38,7 +38,7 @@ import numpy as np
 import ray
 
 from . import memory
-from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, store_name
 from .deadline import wait
 from .errors import (
     CorruptSnapshotError,
@@ -218,7 +218,7 @@ class StoreServer:
         if self.uploads is not None:  # what survived here and never reached the durable tier goes there now
             self.uploads.resume()
 
-    @ray.method(concurrency_group="watch")
+    @ray.method(concurrency_group=WATCH_GROUP)
     def holdings(self) -> Holdings:
         """What this node holds, and the highest version of each policy it has seen handed out, for a catalog that
         starts with a new database: it asks every live store before it hands out a version. Served beside the
@@ -313,12 +313,12 @@ class StoreServer:
         except UnknownPolicyError:
             return 0
 
-    @ray.method(concurrency_group="watch")
+    @ray.method(concurrency_group=WATCH_GROUP)
     def doorbell(self) -> Bell:
         """Where readers wait for news of this store's feed: its channel on the node's ``watch.Doorbell``."""
         return self._bell
 
-    @ray.method(concurrency_group="watch", enable_task_events=False)  # called by every follower: see watch.py
+    @ray.method(concurrency_group=WATCH_GROUP, enable_task_events=False)  # called by every follower: see watch.py
     def watch(self, since: int, timeout_s: float, used: Sequence[SnapshotId] = (), follows: Sequence[str] = (),
               adopt: Sequence[str] = ()) -> StoreEvents:
         """The node's league changes after event ``since`` (waiting at most ``timeout_s`` for one; followers pass
