@@ -237,6 +237,11 @@ class DurableTier:
             _sync_local(self.fs, posixpath.dirname(final))
 
     # ---- reading -------------------------------------------------------------------------------------------
+    def find(self, sid: SnapshotId) -> bool:
+        """Whether ``sid`` is committed here (its marker exists and is sound, and it was never deleted; the data
+        is checked on read)."""
+        return self._commit(sid) is not None and not self.deleted(sid)
+
     def deleted(self, sid: SnapshotId) -> bool:
         """Whether ``sid`` has a tombstone here (it was deleted, and is never served or written again)."""
         path = self._tombstone_path(sid)

@@ -171,7 +171,7 @@ def test_a_tombstone_keeps_a_snapshot_deleted_whatever_lands_after_it(tmp_path, 
         with pytest.raises(DurableTierError, match="deleted"):
             _write(tier, sid, buf)
     fresh = DurableTier.open(str(tmp_path))
-    assert fresh.list_committed() == [] and fresh.committed_ids() == set()
+    assert not fresh.find(sid) and fresh.list_committed() == [] and fresh.committed_ids() == set()
     assert fresh.deleted_ids() == {sid}
     with pytest.raises(SnapshotLostError, match="deleted|not committed"):
         fresh.read(sid)
