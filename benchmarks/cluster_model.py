@@ -253,7 +253,7 @@ def calibrate(nodes: int, nbytes: int) -> Costs:
         total, inflight, pending = 512, 64, []
         start = time.perf_counter()
         for i in range(total):
-            pending.append(catalog.hold.remote("p", 1, f"node-{i % 8}"))
+            pending.append(catalog.update_holders.remote([(("p", 1), f"node-{i % 8}")]))
             if len(pending) >= inflight:
                 ray.get(pending.pop(0))
         ray.get(pending)

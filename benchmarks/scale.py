@@ -3,7 +3,8 @@
 ops rows (per catalog size N, in policies of --versions-per-policy versions):
   op         publish (non-durable: one call, one transaction), reserve_commit (durable: two calls, synced),
              lookup_latest, lookup_version, list_policy (one policy's versions), list_all (every snapshot),
-             hold (a node records its copy), watch (a long poll answered with one new commit)
+             hold (a node records its copy: ``update_holders`` with one change), watch (a long poll answered with
+             one new commit)
   mode       inproc: CatalogServer driven in this process (the catalog's own cost, no Ray);
              actor: through the catalog actor as client.py creates it (Ray's call cost included)
   p50_ms / p99_ms   one call at a time; ops_per_s with ``inflight`` calls in flight: --inflight for the actor's
@@ -88,7 +89,7 @@ def op_calls(call: Callable[..., Any], policies: list[str], state: dict[str, Any
         "lookup_version": lambda i: call("lookup", policies[i % len(policies)], 1 + i % 10),
         "list_policy": lambda i: call("list", policies[i % len(policies)]),
         "list_all": lambda i: call("list"),
-        "hold": lambda i: call("hold", policies[i % len(policies)], 1 + i % 10, f"node-{2 + i % 8}"),
+        "hold": lambda i: call("update_holders", [((policies[i % len(policies)], 1 + i % 10), f"node-{2 + i % 8}")]),
         "watch": watch,
     }
 
@@ -138,7 +139,8 @@ def measure_actor(results: harness.Results, actor, n: int, policies: list[str], 
                 "publish": lambda i: actor.publish.remote(policies[i % len(policies)], "node-1", summary(i)),
                 "lookup_latest": lambda i: actor.lookup.remote(policies[i % len(policies)]),
                 "lookup_version": lambda i: actor.lookup.remote(policies[i % len(policies)], 1 + i % 10),
-                "hold": lambda i: actor.hold.remote(policies[i % len(policies)], 1, f"node-{2 + i % 8}"),
+                "hold": lambda i: actor.update_holders.remote([((policies[i % len(policies)], 1),
+                                                                 f"node-{2 + i % 8}")]),
             }[op]
             total = args.inflight * 8
             start = time.perf_counter()

@@ -13,50 +13,31 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import errors
 from .config import StoreConfig
-from .errors import (
-    ConfigError,
-    CorruptSnapshotError,
-    DeadlineExceededError,
-    DiskFullError,
-    DurableTierError,
-    InvalidMetaError,
-    InvalidOptionError,
-    InvalidPolicyIdError,
-    InvalidWeightsError,
-    PolicyStoreError,
-    ReadOnlyWeightsError,
-    ShapeMismatchError,
-    SnapshotFolderError,
-    SnapshotLostError,
-    SnapshotTooLargeError,
-    StoreUnavailableError,
-    UnknownMetricError,
-    UnknownPolicyError,
-    UnknownVersionError,
-    WriteProtectionError,
-)
+from .errors import PolicyStoreError
 from .ids import SnapshotId
 from .wire import SnapshotInfo, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
-    from .client import PolicyStore, clear_cache, connect, connect_all
+    from .client import PolicyStore, connect, connect_all
     from .reader import FileInfo, FolderReader, open_folder
+    from .session import clear_cache
     from .snapshot import Snapshot
     from .views import SharedTensor, fast_reads
 
-_LAZY = {
-    "PolicyStore": "client",
-    "clear_cache": "client",
-    "connect": "client",
-    "connect_all": "client",
-    "Snapshot": "snapshot",
-    "SharedTensor": "views",
-    "fast_reads": "views",
-    "open_folder": "reader",
-    "FolderReader": "reader",
-    "FileInfo": "reader",
-}
+# every error class, by its own name: what a user catches is whatever errors.py defines
+_ERRORS = {name: cls for name, cls in vars(errors).items()
+           if isinstance(cls, type) and issubclass(cls, PolicyStoreError)}
+globals().update(_ERRORS)
+
+_LAZY = {name: module for module, names in {
+    "client": ("PolicyStore", "connect", "connect_all"),
+    "session": ("clear_cache",),
+    "snapshot": ("Snapshot",),
+    "views": ("SharedTensor", "fast_reads"),
+    "reader": ("open_folder", "FolderReader", "FileInfo"),
+}.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
@@ -71,40 +52,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'policystore' has no attribute {name!r}") from None
 
 
-__all__ = [
-    "ConfigError",
-    "CorruptSnapshotError",
-    "DeadlineExceededError",
-    "DiskFullError",
-    "DurableTierError",
-    "FileInfo",
-    "FolderReader",
-    "InvalidMetaError",
-    "InvalidOptionError",
-    "InvalidPolicyIdError",
-    "InvalidWeightsError",
-    "PolicyStore",
-    "PolicyStoreError",
-    "ReadOnlyWeightsError",
-    "ShapeMismatchError",
-    "SharedTensor",
-    "Snapshot",
-    "SnapshotId",
-    "SnapshotFolderError",
-    "SnapshotInfo",
-    "SnapshotLostError",
-    "SnapshotTooLargeError",
-    "StoreUnavailableError",
-    "StoreConfig",
-    "StoreStats",
-    "UnknownMetricError",
-    "UnknownPolicyError",
-    "UnknownVersionError",
-    "VerifyReport",
-    "WriteProtectionError",
-    "clear_cache",
-    "connect",
-    "connect_all",
-    "fast_reads",
-    "open_folder",
-]
+__all__ = ["FileInfo", "FolderReader", "PolicyStore", "SharedTensor", "Snapshot", "SnapshotId", "SnapshotInfo",
+           "StoreConfig", "StoreStats", "VerifyReport", "clear_cache", "connect", "connect_all", "fast_reads",
+           "open_folder", *_ERRORS]

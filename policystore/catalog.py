@@ -51,7 +51,7 @@ import ray
 
 from . import catalogdb
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
-from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, store_name
 from .errors import (
     InvalidMetaError,
     InvalidOptionError,
@@ -68,7 +68,6 @@ from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, 
 
 log = logging.getLogger(__name__)
 
-WATCH_GROUP = "watch"
 # Threads that answer watchers (stores wait on the doorbell, not here, so a few serve any number of nodes).
 CONCURRENCY_GROUPS = {WATCH_GROUP: 8}
 VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version counter
@@ -322,24 +321,10 @@ class CatalogServer:
 
     # ---- holders -------------------------------------------------------------------------------------------
     @_counted
-    def hold(self, policy_id: str, version: int, node_id: str) -> None:
-        """Record that ``node_id`` (or ``wire.DURABLE``) has a copy of a committed snapshot."""
-        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
-        _check_node(node_id)
-        with self._write(durable=False) as db:
-            self._add_holder(db, sid, node_id)
-
-    @_counted
-    def drop(self, policy_id: str, version: int, node_id: str) -> None:
-        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
-        with self._write(durable=False) as db:
-            db.execute("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?", (*sid, node_id))
-
-    @_counted
     def update_holders(self, gained: Sequence[tuple[SnapshotId, str]] = (),
                        dropped: Sequence[tuple[SnapshotId, str]] = ()) -> None:
-        """A store's holder changes since its last call, in one call and one transaction (``hold`` and ``drop``
-        batched: a store sends them once per interval, so the catalog's load per snapshot is one message per
+        """A store's holder changes since its last call, in one call and one transaction (gained and dropped
+        copies batched: a store sends them once per interval, so the catalog's load per snapshot is one message per
         node). Each change is ``(snapshot id, node id or wire.DURABLE)``; all are checked before any is written."""
         checked = [[_check_change(change) for change in changes] for changes in (gained, dropped)]
         with self._write(durable=False) as db:

@@ -4,9 +4,7 @@ Reads are served from what the node's store pushes (``watch.py``) whenever that 
 latest version is a dict lookup, and a get of a new version of a policy this process has opened before is one
 ``ray.get`` of a ref it already holds. Otherwise (a policy it never opened, push stale, store restarting, a
 version not hot) a get asks the store: one round trip (no catalog call when the node holds the snapshot).
-
-Everything this process keeps (clients, snapshots, pushed refs, versions seen) belongs to one Ray session of one
-cluster: a new ``ray.init()`` starts from nothing, even while handles from the old session are still around.
+What this process keeps across calls (clients, snapshots, pushed refs, versions seen) is its ``session.Session``.
 """
 
 from __future__ import annotations
@@ -14,11 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import re
-import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from . import errors
 from .catalog import CatalogServer, ask_stores
-from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, check_league, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, check_league, store_name
 from .deadline import wait
 from .errors import (
     ConfigError,
@@ -43,8 +38,9 @@ from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
 from .protect import follow_generation, open_shared
 from .server import StoreServer, check_durable
+from .session import Session, clear_cache, current_session, ensure_ray, session_key
 from .staging import StagingFile
-from .watch import Follower, PushState, current_ray_session
+from .watch import PushState, current_ray_session
 from .wire import CatalogEntry, HotSnapshot, SnapshotInfo, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
@@ -69,153 +65,14 @@ _OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, r
 def _actor_class(cls: type, watchers: int) -> Any:
     """``cls`` as a Ray actor class whose ``watch`` calls run in their own group of ``watchers`` threads (followers
     wait on a doorbell actor, not on these threads)."""
-    return ray.remote(concurrency_groups={"watch": watchers})(cls)
+    return ray.remote(concurrency_groups={WATCH_GROUP: watchers})(cls)
 
 
-class _Session:
-    """What this process keeps for one league in one Ray session of one cluster; dropped whole when another Ray
-    session starts."""
-
-    def __init__(self, key: tuple[str, str], league: str):
-        self.key = key
-        self.league = league
-        self.lock = threading.Lock()
-        self.clients: dict[str, PolicyStore] = {}
-        # Snapshots are immutable, so the process reuses the one it holds: (policy, version) -> Snapshot.
-        self.snapshots: weakref.WeakValueDictionary[SnapshotId, Snapshot] = weakref.WeakValueDictionary()
-        self.followers: dict[str, Follower] = {}
-        self.seen: dict[str, int] = {}  # highest version handed out or published here: never go backwards
-        self.deleted: set[SnapshotId] = set()  # never served again from pushed state, whatever arrives late
-        self.catalog_epoch = ""
-        self.closed = False
-        self._staging: StagingFile | None = None
-        self._staging_failed = False
-
-    def staging(self) -> StagingFile | None:
-        """This process's staging file (made on first use; None: /dev/shm unusable, publish by value)."""
-        with self.lock:
-            if self._staging is None and not self._staging_failed:
-                self._staging = StagingFile.create()
-                self._staging_failed = self._staging is None
-            return self._staging
-
-    def retire(self, staging: StagingFile) -> None:
-        """Never pack into ``staging`` again (the next publish makes a new file)."""
-        with self.lock:
-            if self._staging is staging:
-                self._staging = None
-        staging.remove()
-
-    def follower(self, node_id: str, config: StoreConfig) -> Follower:
-        with self.lock:
-            follower = self.followers.get(node_id)
-            if follower is None:
-                follower = self.followers[node_id] = Follower(node_id, config, self.forget, self.catalog)
-            return follower
-
-    def latest(self, policy_id: str, follower: Follower | None) -> int | None:
-        """The latest version from the push (never below what this process saw), or None: ask the store."""
-        version = follower.latest(policy_id) if follower is not None else None
-        if version is None:
-            return None
-        version = max(version, self.seen.get(policy_id, 0))
-        if SnapshotId(policy_id, version) in self.deleted:
-            return None
-        self.seen[policy_id] = version
-        return version
-
-    def saw(self, sid: SnapshotId) -> None:
-        if sid.version > self.seen.get(sid.policy_id, 0):
-            self.seen[sid.policy_id] = sid.version
-
-    def keep(self, snap: Snapshot) -> Snapshot:
-        with self.lock:
-            held = self.snapshots.get(snap.id)
-            if held is not None and held.header_bytes == snap.header_bytes:
-                return held
-            self.snapshots[snap.id] = snap
-            return snap
-
-    def forget(self, sid: SnapshotId) -> None:
-        """A deleted snapshot: never served again by this process (views already handed out stay valid)."""
-        with self.lock:
-            self.deleted.add(sid)
-            self.snapshots.pop(sid, None)
-            if self.seen.get(sid.policy_id) == sid.version:
-                del self.seen[sid.policy_id]
-            followers = list(self.followers.values())
-        for follower in followers:
-            follower.drop(sid, deleted=True)
-
-    def catalog(self, epoch: str) -> None:
-        """The catalog's epoch, as pushed: a different one (a new database) numbers versions anew."""
-        if epoch != self.catalog_epoch:
-            if self.catalog_epoch:
-                self.renumbered(epoch)
-            else:
-                self.catalog_epoch = epoch
-
-    def renumbered(self, epoch: str) -> None:
-        """The cluster's catalog was replaced (by one of ``epoch``; "": not known yet): versions name new snapshots,
-        so forget every one this process knew."""
-        with self.lock:
-            self.snapshots.clear()
-            self.seen.clear()
-            self.deleted.clear()
-            self.catalog_epoch = epoch
-
-    def drop(self, sid: SnapshotId) -> None:
-        """A damaged copy: re-fetch on the next get."""
-        with self.lock:
-            self.snapshots.pop(sid, None)
-            followers = list(self.followers.values())
-        for follower in followers:
-            follower.drop(sid)
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            for follower in self.followers.values():
-                follower.stop()
-            self.followers.clear()
-            self.clients.clear()
-            self.snapshots.clear()
-            staging, self._staging = self._staging, None
-        if staging is not None:
-            staging.remove()
-
-
-_sessions: dict[str, _Session] = {}  # by league, all of one Ray session
-_session_lock = threading.Lock()
-
-
-def _session_key() -> tuple[str, str]:
-    context = ray.get_runtime_context()
-    return context.gcs_address, context.get_session_name()
-
-
-def _current_session(league: str) -> _Session:
-    """This process's state for ``league`` in the Ray session it is in now (new ones when Ray was restarted)."""
-    _ensure_ray()
-    key = _session_key()
-    with _session_lock:
-        if any(s.key != key for s in _sessions.values()):
-            for old in _sessions.values():
-                old.close()
-            _sessions.clear()
-        session = _sessions.get(league)
-        if session is None:
-            session = _sessions[league] = _Session(key, league)
-        return session
-
-
-def clear_cache() -> None:
-    """Drop this process's cached snapshots: the next get of each asks again (views already held stay valid)."""
-    with _session_lock:
-        sessions = list(_sessions.values())
-    for session in sessions:
-        with session.lock:
-            session.snapshots.clear()
+def _detached(cls: type, watchers: int, name: str, **options: Any) -> Any:
+    """The named actor ``name`` of ``cls``: found if it runs, else created (atomically, in Ray's GCS) detached,
+    taking no CPU slot, and restarted by Ray whenever it dies."""
+    return _actor_class(cls, watchers).options(name=name, namespace=NAMESPACE, get_if_exists=True,
+                                               lifetime="detached", num_cpus=0, max_restarts=-1, **options)
 
 
 # the namespace Ray gives a job that names none: a random UUID
@@ -228,7 +85,7 @@ def job_league() -> str:
     Ray gives a job that names no namespace an anonymous one (a random UUID) that no other job can name; such jobs
     share the cluster's default league, as every job did before leagues existed (the CLI and scripts run beside a
     job find it there)."""
-    _ensure_ray()
+    ensure_ray()
     namespace = ray.get_runtime_context().namespace
     if not namespace or _ANONYMOUS.fullmatch(namespace):
         return DEFAULT_LEAGUE
@@ -264,13 +121,13 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None, le
     ``connect()`` in a worker) use it. Passing a different one to a running store is an error.
     """
     config, league = _league(config, league)
-    session = _current_session(league)
+    session = current_session(league)
     node_id = node_id or ray.get_runtime_context().get_node_id()
-    with _session_lock:
+    with session.lock:
         client = session.clients.get(node_id)
     if client is None or not client._current():
         client = PolicyStore(node_id, config, league=league)
-        with _session_lock:
+        with session.lock:
             session.clients[node_id] = client
     if config is not None and client.config != config:
         raise ConfigError(
@@ -281,27 +138,15 @@ def connect(config: StoreConfig | None = None, *, node_id: str | None = None, le
 
 def connect_all(config: StoreConfig | None = None, *, league: str | None = None) -> dict[str, PolicyStore]:
     """A store on every alive node (nodes that joined since the last call get theirs now), by node id."""
-    _ensure_ray()
+    ensure_ray()
     return {n["NodeID"]: connect(config, node_id=n["NodeID"], league=league) for n in ray.nodes() if n["Alive"]}
-
-
-def _ensure_ray() -> None:
-    """Join the cluster RAY_ADDRESS names, else start a local Ray (never a stray cluster left on the machine)."""
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "local"))
 
 
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
     """The league's catalog: found by name, or created with ``config`` as the league's store settings."""
     session = ray.get_runtime_context().get_session_name()
-    return _actor_class(CatalogServer, config.max_watchers).options(
-        name=catalog_name(config.league),
-        namespace=NAMESPACE,
-        get_if_exists=True,
-        lifetime="detached",
-        num_cpus=0,
-        max_concurrency=8,
-        max_restarts=-1,
+    return _detached(
+        CatalogServer, config.max_watchers, catalog_name(config.league), max_concurrency=8,
         # On the head node, with the GCS, whoever starts it and wherever it restarts: on a worker node, that node's
         # loss would stall every publish and "latest" lookup until the GCS declares the node dead (~15-30 s).
         resources={HEAD_NODE_RESOURCE_NAME: 0.001},
@@ -334,16 +179,9 @@ def _store_actor(node_id: str, config: StoreConfig | None, league: str) -> ray.a
     catalog = _catalog_actor(config or StoreConfig(league=league))
     if config is None:
         config = _call(catalog.store_config, (), StoreConfig().call_timeout_s, f"catalog of league {league!r}")
-    return _actor_class(StoreServer, config.max_watchers).options(
-        name=store_name(node_id, league),
-        namespace=NAMESPACE,
-        get_if_exists=True,
-        lifetime="detached",
-        num_cpus=0,
-        max_concurrency=config.max_concurrency,
-        max_restarts=-1,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(config, node_id)
+    return _detached(StoreServer, config.max_watchers, store_name(node_id, league),
+                     max_concurrency=config.max_concurrency,
+                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(config, node_id)
 
 
 class PolicyStore:
@@ -360,7 +198,7 @@ class PolicyStore:
     def _bind(self) -> None:
         """Attach to the current Ray session's store (again, if Ray was restarted since this handle was made: a
         handle on its own node's store then follows the new session's node)."""
-        self._session = _current_session(self.league)
+        self._session = current_session(self.league)
         if self._local:
             self.node_id = ray.get_runtime_context().get_node_id()
         self._actor = _store_actor(self.node_id, self._asked, self.league)
@@ -378,18 +216,18 @@ class PolicyStore:
         except ValueError:
             return False
 
-    def _live(self) -> _Session:
+    def _live(self) -> Session:
         session = self._session
-        if session.closed or not ray.is_initialized() or session.key != _session_key():
+        if session.closed or not ray.is_initialized() or session.key != session_key():
             self._bind()
         return self._session
 
-    def _call(self, method: Callable, *args: Any, idempotent: bool = True, timeout_s: float | None = None) -> Any:
-        """Run ``method`` (a StoreServer or CatalogServer method) on its actor within ``timeout_s`` (default
-        ``config.call_timeout_s``), riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
-        Writes are not retried: whether a publish landed must be visible."""
+    def _call(self, method: Callable, *args: Any, on_catalog: bool = False, idempotent: bool = True,
+              timeout_s: float | None = None) -> Any:
+        """Run ``method`` on the store's actor (a CatalogServer method ``on_catalog``: the catalog's) within
+        ``timeout_s`` (default ``config.call_timeout_s``), riding out a restart (Ray restarts it; it rebuilds from
+        disk) for reads. Writes are not retried: whether a publish landed must be visible."""
         deadline = time.monotonic() + RETRY_TIMEOUT_S
-        on_catalog = method.__qualname__.startswith("CatalogServer.")
         while True:
             actor = self._catalog if on_catalog else self._actor
             what = (f"catalog of league {self.league!r}" if on_catalog
@@ -438,7 +276,7 @@ class PolicyStore:
         session.saw(sid)
         return sid
 
-    def _publish_staged(self, session: _Session, staging: StagingFile, policy_id: str,
+    def _publish_staged(self, session: Session, staging: StagingFile, policy_id: str,
                         weights: Mapping[str, torch.Tensor | np.ndarray], meta: Mapping[str, Any] | None,
                         durable: bool) -> SnapshotId | None:
         """Pack into this process's staging file and hand its name to the store (None: /dev/shm is full, publish
@@ -496,7 +334,7 @@ class PolicyStore:
                 return snap
         return self._resolve(session, policy_id, version)
 
-    def _open_pushed(self, session: _Session, sid: SnapshotId, ref: ray.ObjectRef, header: Header) -> Snapshot | None:
+    def _open_pushed(self, session: Session, sid: SnapshotId, ref: ray.ObjectRef, header: Header) -> Snapshot | None:
         """A snapshot from a ref the push handed this process: one ``ray.get``, no call to the store."""
         from .snapshot import Snapshot
 
@@ -508,7 +346,7 @@ class PolicyStore:
         self._follower.used(sid)  # told to the store with the next long poll, for its LRU order
         return session.keep(Snapshot(sid, buffer, ref, header))
 
-    def _resolve(self, session: _Session, policy_id: str, version: int | None) -> Snapshot:
+    def _resolve(self, session: Session, policy_id: str, version: int | None) -> Snapshot:
         """Ask the store (one round trip): it restores or fetches the snapshot first if it is not hot."""
         from .snapshot import Snapshot
 
@@ -558,7 +396,7 @@ class PolicyStore:
         session = self._live()
         version = session.latest(policy_id, self._follower)
         if version is None:
-            entry: CatalogEntry = self._call(CatalogServer.lookup, policy_id)
+            entry: CatalogEntry = self._call(CatalogServer.lookup, policy_id, on_catalog=True)
             session.saw(entry.id)
             version = max(entry.version, session.seen.get(policy_id, 0))
         return version
@@ -647,7 +485,7 @@ def shutdown(node_id: str | None = None, *, league: str | None = None) -> bool:
     Returns whether a store was running.
     """
     league = _league(None, league)[1]
-    session = _current_session(league)
+    session = current_session(league)
     node_id = node_id or ray.get_runtime_context().get_node_id()
     with session.lock:
         session.clients.pop(node_id, None)
@@ -664,7 +502,7 @@ def shutdown_all(*, league: str | None = None) -> None:
     for node in ray.nodes():
         shutdown(node["NodeID"], league=league)
     _kill_named(catalog_name(league))
-    _current_session(league).renumbered(epoch="")  # the next catalog's first push must not wipe what is got from it
+    current_session(league).renumbered(epoch="")  # the next catalog's first push must not wipe what is got from it
 
 
 def _kill_named(name: str) -> bool:

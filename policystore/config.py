@@ -79,12 +79,10 @@ class StoreConfig:
         if not _is_number(staleness) or not 0 <= staleness < 3600:
             raise ConfigError(f"StoreConfig.max_staleness_s must be a number of seconds in [0, 3600), "
                               f"got {staleness!r}")
-        if not _is_number(self.call_timeout_s) or not 0 < self.call_timeout_s <= 86400:
-            raise ConfigError(f"StoreConfig.call_timeout_s must be a number of seconds in (0, 86400], "
-                              f"got {self.call_timeout_s!r}")
-        if not _is_number(self.durable_timeout_s) or not 0 < self.durable_timeout_s <= 86400:
-            raise ConfigError(f"StoreConfig.durable_timeout_s must be a number of seconds in (0, 86400], "
-                              f"got {self.durable_timeout_s!r}")
+        for name in ("call_timeout_s", "durable_timeout_s"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 < value <= 86400:
+                raise ConfigError(f"StoreConfig.{name} must be a number of seconds in (0, 86400], got {value!r}")
         if self.league is not None:
             check_league(self.league)
 
@@ -122,6 +120,7 @@ class StoreConfig:
         return os.path.join(tempfile.gettempdir(), "policystore-spill", session_name)
 
 
+WATCH_GROUP = "watch"  # the stores' and the catalog's concurrency group of the calls their followers make
 NAMESPACE = "policystore"  # the Ray namespace of every league's actors (their names carry the league)
 CATALOG_NAME = "policystore-catalog"  # the default league's catalog
 DEFAULT_LEAGUE = "default"

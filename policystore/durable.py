@@ -47,7 +47,6 @@ from .errors import (
     SnapshotLostError,
 )
 from .format import (
-    META_CREATED,
     META_POLICY,
     Expected,
     Header,
@@ -181,8 +180,7 @@ class DurableTier:
             stored = _io(lambda: self.fs.get_file_info(path), f"check {path} for {what}")
             if stored.size != header.nbytes:
                 raise DurableTierError(f"{what}: stored object {path} is {stored.size} bytes, wrote {header.nbytes}")
-            commit = Commit(sid.policy_id, sid.version, name, header.nbytes, header.checksum, header.user_meta,
-                            float(header.metadata.get(META_CREATED, 0)))
+            commit = Commit(*sid, name, header.nbytes, header.checksum, header.user_meta, header.created)
             if before_marker is not None:
                 before_marker()
             committing = True
@@ -296,7 +294,7 @@ class DurableTier:
             commit = self._commit(sid, skipped)
             if commit is not None:
                 found.append((sid, commit.summary()))
-        return sorted(found, key=lambda item: item[0])
+        return found
 
     def committed_ids(self) -> set[SnapshotId]:
         """The snapshots with a commit marker and no tombstone, from one listing (no marker is read)."""

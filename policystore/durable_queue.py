@@ -83,8 +83,7 @@ class DurableQueue:
 
     def tombstone(self, sid: SnapshotId) -> None:
         """Queue ``sid``'s deletion from the tier (tombstone, marker, data); its queued upload is dropped."""
-        with self._cond:
-            self._jobs.pop((UPLOAD, sid), None)
+        self.cancel(sid)
         try:
             self.pending_dir.mkdir(mode=0o700, exist_ok=True)
             (self.pending_dir / _record_name(sid)).touch(mode=0o600)
@@ -136,14 +135,13 @@ class DurableQueue:
         that is down costs a delete one quick failure and a hanging one the deadline); whether all were written."""
         keys = [(TOMBSTONE, sid) for sid in deleted]
 
-        def tried() -> bool:
-            running = self._running is not None and (self._running.kind, self._running.sid) in keys
-            return not running and all(self._jobs[k].attempts for k in keys if k in self._jobs)
+        def running() -> bool:
+            return self._running is not None and (self._running.kind, self._running.sid) in keys
 
         with self._cond:
-            self._cond.wait_for(tried, timeout=self.timeout_s)
-            return not any(k in self._jobs for k in keys) and not (
-                self._running is not None and (self._running.kind, self._running.sid) in keys)
+            self._cond.wait_for(lambda: not running() and all(self._jobs[k].attempts for k in keys if k in self._jobs),
+                                timeout=self.timeout_s)
+            return not running() and not any(k in self._jobs for k in keys)
 
     # ---- the worker ----------------------------------------------------------------------------------------
     def _add(self, job: _Job) -> None:

@@ -108,6 +108,10 @@ class Header:
     def user_meta(self) -> dict[str, Any]:
         return json.loads(self.metadata.get(META_USER, "{}"))
 
+    @property
+    def created(self) -> float:
+        return float(self.metadata.get(META_CREATED, 0))
+
     def index_bytes(self) -> bytes:
         """Canonical encoding of the tensor index: what the checksum covers besides the data."""
         index = {name: [e.code, list(e.shape), e.start, e.end] for name, e in sorted(self.tensors.items())}

@@ -30,7 +30,7 @@ import torch
 
 from .durable import MARKER_SUFFIX, TOMBSTONE_SUFFIX, Commit, marker_version
 from .errors import CorruptSnapshotError, UnknownPolicyError, UnknownVersionError
-from .format import META_CREATED, Expected, Header
+from .format import Expected, Header
 from .ids import SnapshotId, check_policy_id, check_version
 from .snapfile import SpillFile, header_of, load
 from .snapshot import Snapshot
@@ -204,4 +204,4 @@ def _markers(found: Survey) -> list[tuple[SnapshotId, Path]]:
 
 def _info(sid: SnapshotId, file: SpillFile, header: Header) -> FileInfo:
     return FileInfo(sid, str(file.path), header.nbytes, file.file_bytes, file.compressed, header.checksum,
-                    header.user_meta, float(header.metadata.get(META_CREATED, 0)))
+                    header.user_meta, header.created)

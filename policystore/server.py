@@ -38,7 +38,7 @@ import numpy as np
 import ray
 
 from . import memory
-from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, catalog_name, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, store_name
 from .deadline import wait
 from .errors import (
     CorruptSnapshotError,
@@ -51,7 +51,6 @@ from .errors import (
     UnknownPolicyError,
 )
 from .format import (
-    META_CREATED,
     META_POLICY,
     Background,
     Expected,
@@ -145,11 +144,6 @@ def _node_object_store_bytes(node_id: str) -> int:
     raise RuntimeError(f"node {node_id} is not part of this Ray cluster")
 
 
-def _summary(header: Header, durable: bool) -> Summary:
-    return Summary(header.nbytes, header.checksum, header.user_meta, float(header.metadata.get(META_CREATED, 0)),
-                   durable)
-
-
 def check_durable(durable: object) -> bool:
     if not isinstance(durable, bool):
         raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
@@ -207,7 +201,7 @@ class StoreServer:
         its answer: discard what was never committed, aborted or deleted (here and in the durable tier),
         quarantine what conflicts."""
         with self._lock:
-            held = [(sid, _summary(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt]
+            held = self._held_locked()
         reconciled: Reconciled = self._on_catalog(
             lambda: self.catalog.reconcile.remote(self.node_id, held, restarted=restarted))
         for sid in reconciled.discard:
@@ -224,13 +218,13 @@ class StoreServer:
         if self.uploads is not None:  # what survived here and never reached the durable tier goes there now
             self.uploads.resume()
 
-    @ray.method(concurrency_group="watch")
+    @ray.method(concurrency_group=WATCH_GROUP)
     def holdings(self) -> Holdings:
         """What this node holds, and the highest version of each policy it has seen handed out, for a catalog that
         starts with a new database: it asks every live store before it hands out a version. Served beside the
         readers' long polls, so it never waits behind calls queued on the rebuilding catalog."""
         with self._lock:
-            snapshots = tuple((sid, _summary(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt)
+            snapshots = tuple(self._held_locked())
             high = dict(self._high)
         for sid, _ in snapshots:
             high[sid.policy_id] = max(high.get(sid.policy_id, 0), sid.version)
@@ -319,12 +313,12 @@ class StoreServer:
         except UnknownPolicyError:
             return 0
 
-    @ray.method(concurrency_group="watch")
+    @ray.method(concurrency_group=WATCH_GROUP)
     def doorbell(self) -> Bell:
         """Where readers wait for news of this store's feed: its channel on the node's ``watch.Doorbell``."""
         return self._bell
 
-    @ray.method(concurrency_group="watch", enable_task_events=False)  # called by every follower: see watch.py
+    @ray.method(concurrency_group=WATCH_GROUP, enable_task_events=False)  # called by every follower: see watch.py
     def watch(self, since: int, timeout_s: float, used: Sequence[SnapshotId] = (), follows: Sequence[str] = (),
               adopt: Sequence[str] = ()) -> StoreEvents:
         """The node's league changes after event ``since`` (waiting at most ``timeout_s`` for one; followers pass
@@ -352,7 +346,6 @@ class StoreServer:
     def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False) -> SnapshotId:
         """Publish the snapshot a publisher on this node packed into the first ``nbytes`` of its staging file (the
         file stays: the publisher packs its next snapshot into the same pages)."""
-        check_policy_id(policy_id)
         return self._publish(policy_id, self._staging.view(path, nbytes), durable)
 
     def _publish(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
@@ -411,7 +404,7 @@ class StoreServer:
                         while the data object uploads)."""
                         landing.enter_context(self._landing(policy_id))
                         self._on_catalog(lambda: self.catalog.commit.remote(
-                            policy_id, sid.version, self.node_id, _summary(header, True)))
+                            policy_id, sid.version, self.node_id, Summary.of(header, True)))
 
                     if self.uploads is not None:  # the marker after the catalog's commit: it never names an
                         # uncommitted version; the upload runs within the tier's deadline
@@ -429,7 +422,7 @@ class StoreServer:
                 landing.enter_context(self._landing(policy_id))
                 token = uuid.uuid4().hex  # the catalog answers a repeated call with the version this one was given
                 sid = self._on_catalog(lambda: self.catalog.publish.remote(
-                    policy_id, self.node_id, _summary(header, False), token)).id
+                    policy_id, self.node_id, Summary.of(header, False), token)).id
                 self._saw(*sid)
             with self._lock:
                 self._policies.setdefault(policy_id, {})[sid.version] = entry
@@ -772,16 +765,12 @@ class StoreServer:
                 node_id=self.node_id,
                 spill_dir=str(self.disk.root),
                 durable_uri=self.config.durable_uri,
-                hot_bytes=self.hot.bytes,
-                hot_snapshots=len(self.hot),
+                **self._gauges_locked(),
                 hot_capacity_bytes=self.hot.capacity_bytes,
-                disk_bytes=self._disk_bytes_locked(),
-                disk_snapshots=sum(e.file is not None for e in entries),
                 snapshots=len(entries),
                 pending_spills=sum(e.pending is not None for e in entries),
                 watchers=watchers,
                 quarantined=tuple(self.disk.quarantined()),
-                durable_pending=self.uploads.pending() if self.uploads is not None else 0,
                 durable_failures=self.uploads.failures if self.uploads is not None else 0,
                 durable_error=self.uploads.last_error if self.uploads is not None else None,
                 served=self._counters["served"],
@@ -946,12 +935,8 @@ class StoreServer:
         while True:
             self._staging.sweep()
             with self._lock:
-                entries = [e for _, e in self._items_locked()]
-                values = {"hot_bytes": self.hot.bytes, "hot_snapshots": len(self.hot),
-                          "disk_bytes": self._disk_bytes_locked(),
-                          "disk_snapshots": sum(e.file is not None for e in entries),
-                          "durable_pending": self.uploads.pending() if self.uploads is not None else 0}
-            self.metrics.set_gauges(**values)
+                gauges = self._gauges_locked()
+            self.metrics.set_gauges(**gauges)
             failures = self.uploads.failures if self.uploads is not None else 0
             if failures > reported_failures:
                 self.metrics.count("durable_failures", failures - reported_failures)
@@ -998,6 +983,16 @@ class StoreServer:
     # ---- helpers (caller holds the lock) --------------------------------------------------------------------
     def _items_locked(self) -> list[tuple[SnapshotId, _Entry]]:
         return [(SnapshotId(p, v), e) for p, versions in self._policies.items() for v, e in versions.items()]
+
+    def _held_locked(self) -> list[tuple[SnapshotId, Summary]]:
+        """This node's copies as the catalog records them (a copy known to be corrupt is none)."""
+        return [(sid, Summary.of(e.header, e.durable)) for sid, e in self._items_locked() if not e.corrupt]
+
+    def _gauges_locked(self) -> dict[str, int]:
+        """The tiers' sizes and the durable backlog: in ``stats()``, and exported as the node's gauges."""
+        return {"hot_bytes": self.hot.bytes, "hot_snapshots": len(self.hot), "disk_bytes": self._disk_bytes_locked(),
+                "disk_snapshots": sum(e.file is not None for _, e in self._items_locked()),
+                "durable_pending": self.uploads.pending() if self.uploads is not None else 0}
 
     def _disk_bytes_locked(self) -> int:
         return sum(e.file.file_bytes for _, e in self._items_locked() if e.file is not None)

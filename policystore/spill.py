@@ -23,7 +23,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -423,10 +423,8 @@ class DiskTier:
     @contextmanager
     def _folder(self, policy_id: str, *, create: bool = False) -> Iterator[int]:
         if create:
-            try:
+            with suppress(FileExistsError):
                 os.mkdir(policy_id, self._dir_mode, dir_fd=self._fd)
-            except FileExistsError:
-                pass
         try:
             fd = os.open(policy_id, _DIR_FLAGS, dir_fd=self._fd)
         except OSError as exc:
@@ -438,10 +436,8 @@ class DiskTier:
 
     @contextmanager
     def _quarantine_folder(self) -> Iterator[int]:
-        try:
+        with suppress(FileExistsError):
             os.mkdir(QUARANTINE, 0o700, dir_fd=self._fd)
-        except FileExistsError:
-            pass
         with _subfolder(QUARANTINE, self._fd) as fd:
             yield fd
 

@@ -75,10 +75,7 @@ class StagingFile:
 
 def _remove(path: Path, fd: int) -> None:
     os.close(fd)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    path.unlink(missing_ok=True)
 
 
 class StagingMaps:

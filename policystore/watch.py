@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, store_name
 from .format import Header, parse_head
 from .ids import SnapshotId
-from .wire import HotSnapshot, Ring, StoreEvents
+from .wire import FeedEpoch, HotSnapshot, Ring, StoreEvents
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +56,61 @@ def current_ray_session() -> str | None:
     return ray.get_runtime_context().get_session_name()
 
 
+@dataclass(frozen=True)
+class _Latest:
+    """A policy's newest committed version changed (0: none left)."""
+
+    seq: int
+    policy_id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class _Hot:
+    """A snapshot became hot on the node (the log keeps no ref: an evicted snapshot's memory must be freeable)."""
+
+    seq: int
+    sid: SnapshotId
+
+
+@dataclass(frozen=True)
+class _Gone:
+    """A snapshot stopped being hot on the node: evicted, or ``deleted`` cluster-wide."""
+
+    seq: int
+    sid: SnapshotId
+    deleted: bool
+
+
+@dataclass(frozen=True)
+class _NewEpoch:
+    """The feed's epoch changed (a new catalog database): its followers reset."""
+
+    seq: int
+
+
+_Event = _Latest | _Hot | _Gone | _NewEpoch
+
+
 class Feed:
     """A node store's league state and its change log, for ``StoreServer.watch`` (thread-safe)."""
 
     def __init__(self) -> None:
-        self._store_epoch = uuid.uuid4().hex  # a restarted store is a new feed: its followers reset
-        self.epoch = f"{self._store_epoch}:"  # + the catalog's epoch once known: a new catalog resets them too
+        # a restarted store is a new feed, and so is a new catalog (once known): either way its followers reset
+        self.epoch = FeedEpoch(uuid.uuid4().hex)
         self._cond = threading.Condition()
         self._seq = 0
-        self._log: deque[tuple[int, str, object]] = deque(maxlen=_KEEP_EVENTS)
+        self._log: deque[_Event] = deque(maxlen=_KEEP_EVENTS)
         self._latest: dict[str, int] = {}
         self._hot: dict[SnapshotId, HotSnapshot] = {}
         self._as_of = -math.inf  # no catalog answer applied yet: nobody may trust "latest"
         self._closed = False
 
     # ---- what the store reports ------------------------------------------------------------------------------
-    def _emit(self, kind: str, payload: object) -> None:
+    def _emit(self, kind: type[_Event], *fields: object) -> None:
+        """Log the next event, of ``kind`` (caller holds the condition's lock), and wake the waiters."""
         self._seq += 1
-        self._log.append((self._seq, kind, payload))
+        self._log.append(kind(self._seq, *fields))
         self._cond.notify_all()
 
     def set_latest(self, policy_id: str, version: int) -> None:
@@ -84,14 +121,14 @@ class Feed:
                     self._latest[policy_id] = version
                 else:
                     self._latest.pop(policy_id, None)
-                self._emit("latest", (policy_id, version))
+                self._emit(_Latest, policy_id, version)
 
     def raise_latest(self, policy_id: str, version: int) -> None:
         """A commit seen first-hand (this store's own publish): latest only ever moves up this way."""
         with self._cond:
             if version > self._latest.get(policy_id, 0):
                 self._latest[policy_id] = version
-                self._emit("latest", (policy_id, version))
+                self._emit(_Latest, policy_id, version)
 
     def replace_latest(self, latest: dict[str, int]) -> None:
         """The catalog's whole view (after a reset): policies it no longer has are reported as gone."""
@@ -103,24 +140,24 @@ class Feed:
     def hot(self, snap: HotSnapshot) -> None:
         with self._cond:
             self._hot[snap.id] = snap
-            self._emit("hot", snap.id)  # the log keeps no ref: an evicted snapshot's memory must be freeable
+            self._emit(_Hot, snap.id)
 
     def gone(self, sid: SnapshotId) -> None:
         with self._cond:
             if self._hot.pop(sid, None) is not None:
-                self._emit("gone", sid)
+                self._emit(_Gone, sid, False)
 
     def deleted(self, sid: SnapshotId) -> None:
         with self._cond:
             self._hot.pop(sid, None)
-            self._emit("deleted", sid)
+            self._emit(_Gone, sid, True)
 
     def catalog_epoch(self, epoch: str) -> None:
         """The catalog's epoch (a new database numbers versions anew): followers reset and drop what they hold."""
         with self._cond:
-            if self.epoch != f"{self._store_epoch}:{epoch}":
-                self.epoch = f"{self._store_epoch}:{epoch}"
-                self._emit("epoch", epoch)
+            if self.epoch.catalog != epoch:
+                self.epoch = FeedEpoch(self.epoch.store, epoch)
+                self._emit(_NewEpoch)
 
     def heard_until(self, as_of: float) -> None:
         """Everything the catalog committed before ``as_of`` (store clock) is in the feed."""
@@ -168,7 +205,7 @@ class Feed:
         follows = frozenset(follows)
         with self._cond:
             self._cond.wait_for(lambda: self._seq > since or self._closed, timeout=max(0.0, timeout_s))
-            oldest = self._log[0][0] if self._log else self._seq + 1
+            oldest = self._log[0].seq if self._log else self._seq + 1
             if since <= 0 or since > self._seq or since + 1 < oldest:
                 return StoreEvents(self._seq, True, self._as_of, dict(self._latest),
                                    tuple(s for s in self._hot.values() if self._wanted(s.id, follows)),
@@ -177,19 +214,19 @@ class Feed:
             hot: dict[SnapshotId, None] = {}  # ordered set
             gone: set[SnapshotId] = set()
             deleted: set[SnapshotId] = set()
-            for seq, kind, payload in self._log:
-                if seq <= since:
+            for event in self._log:
+                if event.seq <= since:
                     continue
-                if kind == "latest":
-                    latest[payload[0]] = payload[1]
-                elif kind == "hot":
-                    hot[payload] = None
-                elif kind != "epoch":
-                    hot.pop(payload, None)
-                    if payload.policy_id in follows:
-                        gone.add(payload)
-                    if kind == "deleted":
-                        deleted.add(payload)
+                if isinstance(event, _Latest):
+                    latest[event.policy_id] = event.version
+                elif isinstance(event, _Hot):
+                    hot[event.sid] = None
+                elif isinstance(event, _Gone):
+                    hot.pop(event.sid, None)
+                    if event.sid.policy_id in follows:
+                        gone.add(event.sid)
+                    if event.deleted:
+                        deleted.add(event.sid)
             adopted = set(adopt)
             hot.update(dict.fromkeys(sid for sid in self._hot if sid.policy_id in adopted))
             # a reader applies gone before hot: a snapshot evicted then restored ends up with its new ref
@@ -320,7 +357,7 @@ class Follower:
         self._latest: dict[str, int] = {}
         self._hot: dict[SnapshotId, tuple[ray.ObjectRef, Header]] = {}
         self._as_of = -math.inf
-        self._epoch: str | None = None
+        self._epoch: FeedEpoch | None = None
         self._seq = 0
         self._used: set[SnapshotId] = set()  # opened since the last call to the store (its LRU learns with the next)
         self._follows: set[str] = set()  # policies opened here: their new versions are pushed with refs
@@ -364,7 +401,7 @@ class Follower:
         with self._lock:
             age = time.monotonic() - self._as_of
             return PushState(self._thread.is_alive(), age <= self._max_staleness_s, age, dict(self._latest),
-                             tuple(self._hot), (self._epoch or "").partition(":")[2], tuple(sorted(self._follows)))
+                             tuple(self._hot), self._epoch.catalog if self._epoch else "", tuple(sorted(self._follows)))
 
     def stop(self) -> None:
         """Stop following and drop every pushed ref (the thread ends after its current wait)."""
@@ -454,9 +491,8 @@ class Follower:
                 parsed[snap.id] = (snap.refs[0], _parse_pushed(snap))
             except Exception as exc:  # never trust a header unchecked; such a snapshot is read with a round trip
                 log.warning("policystore: ignoring pushed %s: %s", snap.id, exc)
-        catalog = events.epoch.partition(":")[2]
-        if events.reset and catalog:
-            self._on_catalog(catalog)
+        if events.reset and events.epoch.catalog:
+            self._on_catalog(events.epoch.catalog)
         with self._lock:
             if events.reset:
                 self._hot, self._latest = {}, {}

@@ -7,9 +7,12 @@ added here is added for every side at once; nothing is passed as an ad-hoc dict.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .ids import SnapshotId
+
+if TYPE_CHECKING:
+    from .format import Header
 
 DURABLE = "durable"  # the holder name of the shared durable tier in catalog entries
 
@@ -19,10 +22,14 @@ class Summary:
     """What a store tells the catalog about a snapshot it commits (no bytes)."""
 
     nbytes: int
-    checksum: str  # "crc32c:xxxxxxxx" (or "crc32:..." for files written before CRC-32C)
+    checksum: str  # "crc32c:xxxxxxxx"
     meta: dict[str, Any]
     created: float
     durable: bool
+
+    @classmethod
+    def of(cls, header: Header, durable: bool) -> Summary:
+        return cls(header.nbytes, header.checksum, header.user_meta, header.created, durable)
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,15 @@ class Served:
 
 
 @dataclass(frozen=True)
+class FeedEpoch:
+    """Which feed a store's events belong to: a restarted store (a new ``store``) or a new catalog database (a new
+    ``catalog``, "" until the store has heard from it) starts a new one, and the store's followers reset."""
+
+    store: str
+    catalog: str = ""
+
+
+@dataclass(frozen=True)
 class StoreEvents:
     """One answer to ``StoreServer.watch``: the node's view of the league since event ``since``.
 
@@ -87,7 +103,7 @@ class StoreEvents:
     hot: tuple[HotSnapshot, ...] = ()
     gone: tuple[SnapshotId, ...] = ()  # no longer hot here (evicted or deleted): readers drop their refs
     deleted: tuple[SnapshotId, ...] = ()  # deleted cluster-wide
-    epoch: str = ""
+    epoch: FeedEpoch | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +113,7 @@ class Ring:
 
     seq: int
     as_of: float
-    epoch: str  # the feed's epoch: "" until the doorbell was first rung
+    epoch: FeedEpoch | str  # a store's feed epoch, or the catalog's: "" until the doorbell was first rung
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -96,19 +95,32 @@ def test_latest_is_the_highest_committed_version_whatever_order_commits_arrive_i
 
 
 def test_latest_never_goes_back_under_overlapping_publishes_from_many_threads(open_catalog):
+    """Durable publishes whose commits land after later versions' (a bigger snapshot takes longer to write): every
+    reservation of the first round is committed in the second, after a higher version, whatever the threads'
+    interleaving; a reader meanwhile never sees latest go back."""
     catalog = open_catalog()
     stop = threading.Event()
     seen: list[int] = []
+    reserved: list[list[int]] = [[] for _ in range(4)]
+    published = [0] * 4
 
-    def publisher(seed: int) -> None:
-        rng = random.Random(seed)
-        for _ in range(40):
+    def first_round(i: int) -> None:  # publishes and reservations, interleaved across threads
+        rng = random.Random(i)
+        for _ in range(20):
             if rng.random() < 0.5:
-                catalog.publish("p", f"n{seed}", summary())
+                catalog.publish("p", f"n{i}", summary())
+                published[i] += 1
             else:
-                version = catalog.reserve("p", f"n{seed}")
-                time.sleep(rng.random() * 0.003)  # a bigger snapshot: its commit lands after later ones
-                catalog.commit("p", version, f"n{seed}", summary())
+                reserved[i].append(catalog.reserve("p", f"n{i}"))
+
+    def second_round(i: int) -> None:  # those reservations committed out of order, among new publishes
+        rng = random.Random(100 + i)
+        rng.shuffle(reserved[i])
+        for version in reserved[i]:
+            if rng.random() < 0.5:
+                catalog.publish("p", f"n{i}", summary())
+                published[i] += 1
+            catalog.commit("p", version, f"n{i}", summary())
 
     def reader() -> None:
         while not stop.is_set():
@@ -117,19 +129,23 @@ def test_latest_never_goes_back_under_overlapping_publishes_from_many_threads(op
             except UnknownPolicyError:
                 pass
 
-    threads = [threading.Thread(target=publisher, args=(i,)) for i in range(4)]
     watcher = threading.Thread(target=reader)
     watcher.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for round_ in (first_round, second_round):
+        threads = [threading.Thread(target=round_, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if round_ is first_round:
+            top = catalog.publish("p", "n0", summary()).version  # above every reservation: each commit lands late
+            assert top > max(v for r in reserved for v in r)
     stop.set()
     watcher.join()
     assert seen and all(a <= b for a, b in zip(seen, seen[1:], strict=False))
-    versions = [e.version for e in catalog.list("p")]
-    assert versions == list(range(1, 161))
-    assert catalog.lookup("p").version == 160
+    total = 1 + sum(published) + sum(map(len, reserved))
+    assert [e.version for e in catalog.list("p")] == list(range(1, total + 1))
+    assert catalog.lookup("p").version == total
 
 
 def test_commit_needs_a_reservation_and_a_retried_commit_is_harmless(open_catalog):
@@ -192,15 +208,13 @@ def test_bad_meta_is_refused_before_anything_is_stored(open_catalog, meta, match
 def test_holders_follow_hold_drop_and_delete(open_catalog):
     catalog = open_catalog()
     catalog.publish("p", "n1", summary())
-    catalog.hold("p", 1, "n2")
-    catalog.hold("p", 1, DURABLE)
-    catalog.hold("p", 1, "n2")
+    catalog.update_holders(gained=[(("p", 1), "n2"), (("p", 1), DURABLE), (("p", 1), "n2")])
     assert catalog.lookup("p").holders == ("n1", "n2", DURABLE)
-    catalog.drop("p", 1, "n1")
+    catalog.update_holders(dropped=[(("p", 1), "n1")])
     assert catalog.lookup("p").holders == ("n2", DURABLE)
     removed = catalog.delete("p", 1)
     assert removed[0].holders == ("n2", DURABLE)  # the caller cleans these copies up
-    catalog.hold("p", 1, "n3")  # a late hold of a deleted snapshot changes nothing
+    catalog.update_holders(gained=[(("p", 1), "n3")])  # a late hold of a deleted snapshot changes nothing
     catalog.publish("p", "n1", summary())
     assert catalog.lookup("p").holders == ("n1",)
 
@@ -230,7 +244,7 @@ def test_list_pages_every_entry_exactly_once_in_order(open_catalog):
         pid = rng.choice(["a", "b.x", "B", "c-1"])
         sid = catalog.publish(pid, f"n{i % 3}", summary()).id
         if i % 5 == 0:
-            catalog.hold(*sid, "n9")
+            catalog.update_holders(gained=[(sid, "n9")])
         if i % 7 == 0:
             catalog.delete(*sid)
     everything = catalog.list()

@@ -157,7 +157,6 @@ def test_fanout_is_a_tree_with_bounded_serves_and_batched_holds(cluster):
         ray.get([s.flush.remote() for s in stores])
         assert {a, b, d} <= set(policystore.connect(node_id=a).list("tree")[0].holders)
         calls = ray.get(catalog.health.remote()).calls
-        assert calls.get("hold", 0) == calls_before.get("hold", 0)
         assert calls["update_holders"] > calls_before.get("update_holders", 0)
     finally:
         ray.get([s.__ray_call__.remote(lambda self: setattr(self, "serves_per_snapshot", 3)) for s in stores])

@@ -20,6 +20,9 @@ import policystore
 from policystore import StoreConfig
 from policystore.config import CATALOG_NAME, NAMESPACE, store_name
 from policystore.errors import UnknownPolicyError, UnknownVersionError
+from policystore.ids import SnapshotId
+from policystore.watch import Feed
+from policystore.wire import FeedEpoch, HotSnapshot
 
 MiB = 1024 * 1024
 
@@ -91,6 +94,31 @@ def known(reader, policy_id: str, version: int):
     """The reader knows ``version`` is the latest (with or without a ref: it gets refs of what it opened only)."""
     state = ray.get(reader.push_state.remote())
     return state.fresh and state.latest.get(policy_id) == version
+
+
+def test_the_feed_hands_each_follower_the_changes_since_its_last_event():
+    """The store's feed on its own (no Ray): what changed after an event number, refs only of followed policies,
+    evictions and deletes apart, and a new catalog database as a new epoch, after which followers reset."""
+    feed = Feed()
+    a1, a2, b1 = SnapshotId("a", 1), SnapshotId("a", 2), SnapshotId("b", 1)
+    for sid in (a1, b1):
+        feed.raise_latest(*sid)
+        feed.hot(HotSnapshot(sid, b"", [None]))
+    start = feed.watch(0, 0, follows=["a"])
+    assert start.reset and start.latest == {"a": 1, "b": 1} and [s.id for s in start.hot] == [a1]
+    assert start.epoch == feed.epoch and start.epoch.catalog == ""
+    feed.raise_latest(*a2)
+    feed.hot(HotSnapshot(a2, b"", [None]))
+    feed.gone(a1)
+    feed.deleted(b1)
+    feed.set_latest("b", 0)
+    changes = feed.watch(start.seq, 0, follows=["a"])
+    assert not changes.reset and changes.latest == {"a": 2, "b": 0}
+    assert [s.id for s in changes.hot] == [a2] and changes.gone == (a1,) and changes.deleted == (b1,)
+    assert feed.watch(changes.seq, 0, follows=["a"]).latest == {}  # nothing new
+    feed.catalog_epoch("db1")
+    assert feed.epoch == FeedEpoch(start.epoch.store, "db1") and feed.ring().epoch == feed.epoch
+    assert feed.watch(changes.seq, 0).epoch == feed.epoch != start.epoch  # a follower of the old epoch resets
 
 
 def test_commits_reach_other_processes_and_their_gets_skip_the_store(make_store, reader):

@@ -1,0 +1,173 @@
+"""What this process keeps per league and Ray session: its store handles, followers, snapshots and the versions
+it has seen. The user handle (``client.PolicyStore``) reads and writes through it; a new ``ray.init()`` (another
+Ray session, or another cluster) starts from nothing, even while handles from the old session are still around.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from .config import StoreConfig
+from .ids import SnapshotId
+from .staging import StagingFile
+from .watch import Follower
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshot
+
+
+class Session:
+    """What this process keeps for one league in one Ray session of one cluster; dropped whole when another Ray
+    session starts."""
+
+    def __init__(self, key: tuple[str, str], league: str):
+        self.key = key
+        self.league = league
+        self.lock = threading.Lock()
+        self.clients: dict[str, Any] = {}  # node id -> its PolicyStore handle
+        # Snapshots are immutable, so the process reuses the one it holds: (policy, version) -> Snapshot.
+        self.snapshots: weakref.WeakValueDictionary[SnapshotId, Snapshot] = weakref.WeakValueDictionary()
+        self.followers: dict[str, Follower] = {}
+        self.seen: dict[str, int] = {}  # highest version handed out or published here: never go backwards
+        self.deleted: set[SnapshotId] = set()  # never served again from pushed state, whatever arrives late
+        self.catalog_epoch = ""
+        self.closed = False
+        self._staging: StagingFile | None = None
+        self._staging_failed = False
+
+    def staging(self) -> StagingFile | None:
+        """This process's staging file (made on first use; None: /dev/shm unusable, publish by value)."""
+        with self.lock:
+            if self._staging is None and not self._staging_failed:
+                self._staging = StagingFile.create()
+                self._staging_failed = self._staging is None
+            return self._staging
+
+    def retire(self, staging: StagingFile) -> None:
+        """Never pack into ``staging`` again (the next publish makes a new file)."""
+        with self.lock:
+            if self._staging is staging:
+                self._staging = None
+        staging.remove()
+
+    def follower(self, node_id: str, config: StoreConfig) -> Follower:
+        with self.lock:
+            follower = self.followers.get(node_id)
+            if follower is None:
+                follower = self.followers[node_id] = Follower(node_id, config, self.forget, self.catalog)
+            return follower
+
+    def latest(self, policy_id: str, follower: Follower | None) -> int | None:
+        """The latest version from the push (never below what this process saw), or None: ask the store."""
+        version = follower.latest(policy_id) if follower is not None else None
+        if version is None:
+            return None
+        version = max(version, self.seen.get(policy_id, 0))
+        if SnapshotId(policy_id, version) in self.deleted:
+            return None
+        self.seen[policy_id] = version
+        return version
+
+    def saw(self, sid: SnapshotId) -> None:
+        if sid.version > self.seen.get(sid.policy_id, 0):
+            self.seen[sid.policy_id] = sid.version
+
+    def keep(self, snap: Snapshot) -> Snapshot:
+        with self.lock:
+            held = self.snapshots.get(snap.id)
+            if held is not None and held.header_bytes == snap.header_bytes:
+                return held
+            self.snapshots[snap.id] = snap
+            return snap
+
+    def forget(self, sid: SnapshotId) -> None:
+        """A deleted snapshot: never served again by this process (views already handed out stay valid)."""
+        with self.lock:
+            self.deleted.add(sid)
+            self.snapshots.pop(sid, None)
+            if self.seen.get(sid.policy_id) == sid.version:
+                del self.seen[sid.policy_id]
+            followers = list(self.followers.values())
+        for follower in followers:
+            follower.drop(sid, deleted=True)
+
+    def catalog(self, epoch: str) -> None:
+        """The catalog's epoch, as pushed: a different one (a new database) numbers versions anew."""
+        if epoch != self.catalog_epoch:
+            if self.catalog_epoch:
+                self.renumbered(epoch)
+            else:
+                self.catalog_epoch = epoch
+
+    def renumbered(self, epoch: str) -> None:
+        """The cluster's catalog was replaced (by one of ``epoch``; "": not known yet): versions name new snapshots,
+        so forget every one this process knew."""
+        with self.lock:
+            self.snapshots.clear()
+            self.seen.clear()
+            self.deleted.clear()
+            self.catalog_epoch = epoch
+
+    def drop(self, sid: SnapshotId) -> None:
+        """A damaged copy: re-fetch on the next get."""
+        with self.lock:
+            self.snapshots.pop(sid, None)
+            followers = list(self.followers.values())
+        for follower in followers:
+            follower.drop(sid)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            for follower in self.followers.values():
+                follower.stop()
+            self.followers.clear()
+            self.clients.clear()
+            self.snapshots.clear()
+            staging, self._staging = self._staging, None
+        if staging is not None:
+            staging.remove()
+
+
+_sessions: dict[str, Session] = {}  # by league, all of one Ray session
+_session_lock = threading.Lock()
+
+
+def session_key() -> tuple[str, str]:
+    context = ray.get_runtime_context()
+    return context.gcs_address, context.get_session_name()
+
+
+def current_session(league: str) -> Session:
+    """This process's state for ``league`` in the Ray session it is in now (new ones when Ray was restarted)."""
+    ensure_ray()
+    key = session_key()
+    with _session_lock:
+        if any(s.key != key for s in _sessions.values()):
+            for old in _sessions.values():
+                old.close()
+            _sessions.clear()
+        session = _sessions.get(league)
+        if session is None:
+            session = _sessions[league] = Session(key, league)
+        return session
+
+
+def clear_cache() -> None:
+    """Drop this process's cached snapshots: the next get of each asks again (views already held stay valid)."""
+    with _session_lock:
+        sessions = list(_sessions.values())
+    for session in sessions:
+        with session.lock:
+            session.snapshots.clear()
+
+
+def ensure_ray() -> None:
+    """Join the cluster RAY_ADDRESS names, else start a local Ray (never a stray cluster left on the machine)."""
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS", "local"))
