@@ -262,7 +262,7 @@ class Doorbell:
             news.set_result(None)
 
     @ray.method(enable_task_events=_TASK_EVENTS)
-    async def wait(self, channel: str, since: int, epoch: str, timeout_s: float) -> Ring:
+    async def wait(self, channel: str, since: int, epoch: FeedEpoch | str, timeout_s: float) -> Ring:
         """The channel's ring, once it names an event after ``since`` or another epoch than ``epoch`` (the
         caller's), or after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens)."""
         loop = asyncio.get_running_loop()
@@ -302,7 +302,7 @@ class Bell:
     def ring(self, ring: Ring) -> None:
         self.actor.ring.remote(self.channel, ring)
 
-    def wait(self, since: int, epoch: str, timeout_s: float) -> ray.ObjectRef:
+    def wait(self, since: int, epoch: FeedEpoch | str, timeout_s: float) -> ray.ObjectRef:
         """A ref to the ring after ``since`` (see ``Doorbell.wait``)."""
         return self.actor.wait.remote(self.channel, since, epoch, timeout_s)
 
