@@ -95,8 +95,8 @@ def test_milestones_spread_over_the_run_and_end_with_the_player_now(league):
 def test_reference_points_are_measured_recorded_and_drawn(league, tmp_path, monkeypatch):
     pytest.importorskip("pyspiel", reason="the openspiel extra is not installed")
     nets = {}
-    record = reference.measure(league.summary(), CONNECT4, 1, lambda names: [
-        reference.play_point(nets.setdefault(name, PolicyNet(16)), CONNECT4, 1, seed=3) for name in names])
+    record = reference.measure(league.summary(), lambda name: nets.setdefault(name, PolicyNet(16)), CONNECT4,
+                               games_per_seat=1, seed=3)
     assert [(p["player"], p["steps"]) for p in record["points"]] == reference.milestones(league.summary())
     assert set(nets) == {"main_0.s1", "main_0.s2", "main_0"}
     for p in record["points"]:
@@ -116,7 +116,7 @@ def test_reference_points_are_measured_recorded_and_drawn(league, tmp_path, monk
 
 def test_reference_is_skipped_cleanly_without_open_spiel(league, tmp_path, monkeypatch):
     monkeypatch.setattr(openspiel_bots, "available", lambda: False)
-    record = reference.measure(league.summary(), CONNECT4, 10, lambda names: pytest.fail("nothing is played"))
+    record = reference.measure(league.summary(), lambda name: pytest.fail("nothing is loaded"), CONNECT4, 10)
     assert record == {"opponent": "mcts100", "games_per_point": 20,
                       "skipped": 'open_spiel is not installed (pip install -e ".[openspiel]")'}
     drawn = spy(monkeypatch, "errorbar")

@@ -36,7 +36,7 @@ class TrainConfig:
     worker_cpus: float = 0.5
     eval_games: int = 200            # per seat, for the live win rate against random / win-block
     eval_every_s: float = 20.0
-    reference_games: int = 10        # per seat, for each point against OpenSpiel's MCTS(100) after training (0: skip)
+    reference_games: int = 20        # per seat, for each point against OpenSpiel's MCTS(100) after training (0: skip)
     checkpoint_every_s: float = 60.0
     num_cpus: int | None = None      # for the local Ray this command starts (None: all cores)
     object_store_mib: int = 1024

@@ -12,17 +12,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from league.constants import DEFAULT_PLAYER, HISTORICAL
-from league.games import CONNECT4, Game, get_game
+from league.games import CONNECT4, Game
 from trainer import openspiel_bots
 from trainer.evaluate import evaluate
-from trainer.policy import load_net
-from trainer.rundir import RunDir
 
 OPPONENT = "mcts100"
 SNAPSHOTS = 4  # frozen snapshots measured besides the final version
@@ -51,28 +48,20 @@ def skip_reason(game: Game, games_per_seat: int) -> str | None:
     return None
 
 
-def play_point(net: nn.Module, game: Game, games_per_seat: int, seed: int) -> dict[str, float]:
-    """One point: ``net`` (greedy) against the reference bot, both seats; rates and the win rate's 95% interval."""
-    result = evaluate(net, game, games_per_seat, seed, opponents=(OPPONENT,))[OPPONENT]
-    return {k: result[k] for k in RATES}
-
-
-def play_point_of_run(run_dir: str | Path, player: str, games_per_seat: int, seed: int) -> dict[str, float]:
-    """``play_point`` for a player or snapshot of a run, read from its store folder (what a Ray task runs)."""
-    return play_point(load_net(run_dir, player), get_game(RunDir(run_dir).load_config().game), games_per_seat, seed)
-
-
-def measure(summary: list[dict[str, Any]], game: Game, games_per_seat: int,
-            play: Callable[[list[str]], list[dict[str, float]]]) -> dict[str, Any]:
+def measure(summary: list[dict[str, Any]], load: Callable[[str], nn.Module], game: Game, games_per_seat: int,
+            seed: int = 0) -> dict[str, Any]:
     """The report's record: the opponent, games per point, the seconds it took and one point per milestone
-    (player, env steps, rates), or ``skipped`` with the reason. ``play(names)`` plays the points (``play_point``
-    for each name, in parallel where it can)."""
+    (player, env steps, win/draw/loss rates, the win rate's 95% interval), or ``skipped`` with the reason.
+    ``load(name)`` returns the net of a player or snapshot. In this process, one point after the other: a Ray
+    task per point would start a process that imports torch and OpenSpiel, which on two busy cores costs more
+    than the games."""
     record: dict[str, Any] = {"opponent": OPPONENT, "games_per_point": 2 * games_per_seat}
     reason = skip_reason(game, games_per_seat)
     if reason:
         return record | {"skipped": reason}
     start = time.perf_counter()
-    marks = milestones(summary)
-    results = play([name for name, _ in marks])
-    points = [{"player": name, "steps": steps, **r} for (name, steps), r in zip(marks, results, strict=True)]
+    points = []
+    for name, steps in milestones(summary):
+        result = evaluate(load(name), game, games_per_seat, seed, opponents=(OPPONENT,))[OPPONENT]
+        points.append({"player": name, "steps": steps, **{k: result[k] for k in RATES}})
     return record | {"seconds": time.perf_counter() - start, "points": points}

@@ -102,7 +102,7 @@ def payoff_heatmap(summary: list[dict[str, Any]], players: list[str], matrix: np
             continue
         color = "white" if abs(v - 0.5) > 0.3 else "black"
         ax.text(j, i - 0.1, f"{100 * v:.0f}", ha="center", va="center", fontsize=7, color=color)
-        ax.text(j, i + 0.28, count_text(int(games[i, j])), ha="center", va="center", fontsize=4.5, color=color)
+        ax.text(j, i + 0.28, count_text(int(games[i, j])), ha="center", va="center", fontsize=5.5, color=color)
     for j in range(1, len(cols)):  # a line between lineages
         if cols[j - 1] in rows:
             ax.axvline(j - 0.5, color="black", lw=1.2)
@@ -141,14 +141,14 @@ def learning_curve(curve: list[dict[str, Any]], path: Path, reference: dict[str,
         ax1.errorbar([p["steps"] / 1e6 for p in points], win, yerr=spread, fmt="D", ms=4, color="black",
                      capsize=3, label=f"vs OpenSpiel {reference['opponent']} ({points[0]['games']} games each)")
         for p in points:
-            ax1.annotate(p["player"], (p["steps"] / 1e6, p["win"]), xytext=(4, -9), textcoords="offset points",
-                         fontsize=6)
+            ax1.annotate(p["player"], (p["steps"] / 1e6, p["win"]), xytext=(5, -2), textcoords="offset points",
+                         fontsize=6, va="top")
     ax1.axhline(0.95, color="grey", ls=":", lw=1)
     ax1.axhline(0.60, color="grey", ls=":", lw=1)
     ax1.set_ylim(0, 1)
     ax1.set_xlabel("env steps (millions)")
     ax1.set_ylabel("main agent win rate (both seats)")
-    ax1.legend()
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize=7, frameon=False)
     ax1.grid(alpha=0.3)
     mains = sorted({k for row in curve for k in row.get("elo", {})})
     for name in mains:

@@ -141,12 +141,10 @@ class Trainer:
 
     def measure_reference(self, summary: list[dict[str, Any]]) -> dict[str, Any]:
         """The first main agent against OpenSpiel's MCTS(100) at a few points of the run, now that training has
-        ended (``trainer.reference``): one Ray task per point, all at once, each reading its net from the run's
-        store folder (flushed). The tasks reserve no CPU: the league's actors, which hold it, sit idle now."""
-        games, seed = self.config.reference_games, self.config.seed
-        task = ray.remote(num_cpus=0)(reference.play_point_of_run)
-        record = reference.measure(summary, self.game, games, lambda names: ray.get(
-            [task.remote(str(self.rd.root), name, games, seed) for name in names]))
+        ended (``trainer.reference``); the nets are the store's views."""
+        kinds = {r["name"]: r["kind"] for r in summary}
+        record = reference.measure(summary, lambda name: self.modules.get(name, frozen=kinds[name] == HISTORICAL),
+                                   self.game, self.config.reference_games, self.config.seed)
         head = f"{DEFAULT_PLAYER} against OpenSpiel {record['opponent']}"
         if "skipped" in record:
             self.console.print(f"{head}: skipped, {record['skipped']}")
