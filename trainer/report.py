@@ -8,6 +8,7 @@ from typing import Any
 
 import matplotlib
 import numpy as np
+from matplotlib.patches import Rectangle
 from rich.table import Table
 
 from league.constants import DEFAULT_PLAYER, HISTORICAL, is_frozen
@@ -84,8 +85,6 @@ def payoff_heatmap(summary: list[dict[str, Any]], players: list[str], matrix: np
     behind and whom it still loses to. Each cell: the decayed win rate in % and the games played; pairs that
     never met are hatched grey, not a made-up 0.5 (frozen snapshots never play each other, hence no rows)."""
     plt = pyplot()
-    from matplotlib.patches import Rectangle
-
     elo = {r["name"]: r["elo"] for r in summary}
     index = {name: i for i, name in enumerate(players)}
     rows = sorted((r["name"] for r in summary if r["kind"] != HISTORICAL), key=lambda p: -elo[p])
@@ -121,11 +120,6 @@ def payoff_heatmap(summary: list[dict[str, Any]], players: list[str], matrix: np
     plt.close(fig)
 
 
-def reference_points(reference: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The measured points of ``trainer.reference.measure``'s record (none when it was skipped)."""
-    return (reference or {}).get("points", [])
-
-
 def learning_curve(curve: list[dict[str, Any]], path: Path, reference: dict[str, Any] | None = None) -> None:
     """Win rates of the main agent against the scripted players, and against the reference bot at the points
     measured after training (with their 95% intervals), and the main agents' Elo, over env steps."""
@@ -134,7 +128,7 @@ def learning_curve(curve: list[dict[str, Any]], path: Path, reference: dict[str,
     steps = [row["steps"] / 1e6 for row in curve]
     for key in win_keys(curve):
         ax1.plot(steps, [row[key] for row in curve], marker=".", label=f"vs {key[4:]}")
-    points = reference_points(reference)
+    points = (reference or {}).get("points", [])  # none when the measurement was skipped
     if points:
         win = np.array([p["win"] for p in points])
         spread = [win - [p["win_low"] for p in points], [p["win_high"] for p in points] - win]
