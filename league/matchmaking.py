@@ -102,6 +102,7 @@ class PlayerState:
     steps: int = 0                   # trainable: env steps of its matches
     snapshot_step: int = 0           # trainable: `steps` at its last snapshot
     snapshots: int = 0               # trainable: snapshots taken so far
+    frozen_at: int | None = None     # snapshots: the league's env steps (all trainable players) when it joined
 
 
 class League:
@@ -143,6 +144,10 @@ class League:
                 and (parent_kind is None or self.players[p.parent].kind == parent_kind)]
 
     # ---- budgets ----------------------------------------------------------------------------------------
+    def total_steps(self) -> int:
+        """Env steps of all the trainable players' matches: the run's clock."""
+        return sum(self.players[n].steps for n in self.trainable())
+
     def share(self, name: str) -> float:
         """Fraction of all env steps that go to this trainable player."""
         c = self.config
@@ -259,7 +264,8 @@ class League:
         if self._open.get(parent.name) != request:
             raise ValueError(f"snapshot {request.name!r} was not requested (or was added already)")
         del self._open[parent.name]
-        self._add(PlayerState(request.name, HISTORICAL, parent=parent.name), self.elo.ratings[parent.name])
+        self._add(PlayerState(request.name, HISTORICAL, parent=parent.name, frozen_at=self.total_steps()),
+                  self.elo.ratings[parent.name])
         parent.snapshots += 1
         parent.snapshot_step = parent.steps
 
@@ -293,10 +299,11 @@ class League:
         self._open = {r.player: r for r in self._new}
 
     def payoff_matrix(self) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """Players, P[row beats column] (0.5 where they never met) and which pairs met."""
-        return list(self.payoff.players), self.payoff.matrix(), self.payoff.met()
+        """Players, P[row beats column] (0.5 where they never met) and the games each pair played (0: never)."""
+        return list(self.payoff.players), self.payoff.matrix(), self.payoff.played()
 
     def summary(self) -> list[dict[str, Any]]:
-        """One row per player: name, kind, parent, Elo, env steps."""
-        return [{"name": p.name, "kind": p.kind, "parent": p.parent,
-                 "elo": round(self.elo.ratings[p.name], 1), "steps": p.steps} for p in self.players.values()]
+        """One row per player, in the order they joined: name, kind, parent, Elo, env steps, and for a
+        snapshot the league's env steps when it was frozen (None in a state saved before that was kept)."""
+        return [{"name": p.name, "kind": p.kind, "parent": p.parent, "elo": round(self.elo.ratings[p.name], 1),
+                 "steps": p.steps, "frozen_at": p.frozen_at} for p in self.players.values()]

@@ -1,7 +1,8 @@
 """Decayed payoff matrix: who beats whom, recently.
 
 Every result multiplies the pair's earlier win/draw/game counts by ``decay`` (0.99), so the win rate
-follows players that keep learning. A pair that never met counts as 0.5.
+follows players that keep learning. A pair that never met counts as 0.5. The raw number of games each pair
+played is kept beside the decayed counts, for the report (a decayed count saturates near 100 after one batch).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ class Payoff:
         self._wins = np.zeros((0, 0))
         self._draws = np.zeros((0, 0))
         self._games = np.zeros((0, 0))
+        self._played = np.zeros((0, 0), dtype=np.int64)
 
     def add_player(self, name: str) -> None:
         if name in self._index:
             raise ValueError(f"player {name!r} is already in the payoff matrix")
         self._index[name] = len(self.players)
         self.players.append(name)
-        self._wins, self._draws, self._games = (np.pad(m, ((0, 1), (0, 1))) for m in
-                                                (self._wins, self._draws, self._games))
+        self._wins, self._draws, self._games, self._played = (
+            np.pad(m, ((0, 1), (0, 1))) for m in (self._wins, self._draws, self._games, self._played))
 
     def _idx(self, name: str) -> int:
         try:
@@ -54,6 +56,7 @@ class Payoff:
             self._wins[i, j] = keep * self._wins[i, j] + fresh * w / n
             self._draws[i, j] = keep * self._draws[i, j] + fresh * draws / n
             self._games[i, j] = keep * self._games[i, j] + fresh
+            self._played[i, j] += n
 
     def win_rate(self, home: str, away: str) -> float:
         """P[home beats away] with draws as half a win; 0.5 for a pair that never met."""
@@ -75,9 +78,13 @@ class Payoff:
         """``(n, n)`` bool: the row player has played the column player (the matrix's 0.5 is a real result)."""
         return self._games > 0
 
+    def played(self) -> np.ndarray:
+        """``(n, n)`` int: games the row player has played against the column player (not decayed)."""
+        return self._played.copy()
+
     def to_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "players": list(self.players), "wins": self._wins.tolist(),
-                "draws": self._draws.tolist(), "games": self._games.tolist()}
+                "draws": self._draws.tolist(), "games": self._games.tolist(), "played": self._played.tolist()}
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> Payoff:
@@ -88,4 +95,7 @@ class Payoff:
         for key in ("wins", "draws", "games"):
             values = np.asarray(state[key], dtype=np.float64).reshape(n, n)
             setattr(payoff, f"_{key}", values)
+        # A state saved before raw counts were kept: its decayed counts, rounded up, are the best lower bound.
+        played = state["played"] if "played" in state else np.ceil(payoff._games)
+        payoff._played = np.asarray(played, dtype=np.int64).reshape(n, n)
         return payoff

@@ -81,6 +81,21 @@ def test_payoff_batch_equals_sequential_updates_and_tracks_recent_form():
     np.testing.assert_allclose(batch.matrix() + batch.matrix().T, np.ones((2, 2)))
 
 
+def test_payoff_counts_the_games_each_pair_played_across_a_save():
+    payoff = Payoff()
+    for p in "abc":
+        payoff.add_player(p)
+    payoff.update("a", "b", wins=300, draws=12, losses=200)
+    payoff.update("b", "a", wins=1, draws=0, losses=0)
+    played = payoff.played()
+    assert played[0, 1] == played[1, 0] == 513 and played[0, 2] == played[2, 0] == 0
+    state = json.loads(json.dumps(payoff.to_dict()))
+    np.testing.assert_array_equal(Payoff.from_dict(state).played(), played)
+    # A state saved before raw counts were kept: its decayed counts (99.4 after 513 games), rounded up.
+    del state["played"]
+    np.testing.assert_array_equal(Payoff.from_dict(state).played(), [[0, 100, 0], [100, 0, 0], [0, 0, 0]])
+
+
 def test_payoff_rejects_bad_updates():
     payoff = Payoff()
     payoff.add_player("a")
@@ -276,6 +291,22 @@ def test_league_state_round_trips_through_json_with_open_requests():
     assert restored.pop_requests() == [open_request]
     restored.add_snapshot(open_request)
     assert "main_0.s1" in restored.snapshots(parent="main_0")
+
+
+def test_snapshots_record_the_league_steps_at_which_they_were_frozen():
+    league = League(LeagueConfig(main_agents=1, main_exploiters=1, league_exploiters=0))
+    serve(league)
+    league.set_run_steps(100_000)
+    league.report(MatchResult("main_exploiter_0", "main_0", 1, 0, 1, steps=123))
+    snapshot_now(league, "main_0")
+    assert league.total_steps() == 123 + league.players["main_0"].steps
+    frozen = {r["name"]: r["frozen_at"] for r in league.summary() if r["parent"]}
+    assert frozen == {"main_0.s0": 0, "main_0.s1": league.total_steps()}
+    # A league saved before freeze steps were kept resumes with them unknown, not 0.
+    state = json.loads(json.dumps(league.to_dict()))
+    for player in state["players"]:
+        del player["frozen_at"]
+    assert all(r["frozen_at"] is None for r in League.from_dict(state).summary() if r["parent"])
 
 
 def test_league_config_rejects_bad_values():

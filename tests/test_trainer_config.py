@@ -37,3 +37,5 @@ def test_unknown_keys_and_bad_values_are_refused():
         LeagueConfig(first_run_steps=0)
     with pytest.raises(ValueError, match="minutes"):
         TrainConfig(minutes=0)
+    with pytest.raises(ValueError, match="reference_games"):
+        TrainConfig(reference_games=-1)

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
 from policystore.errors import UnknownPolicyError
+from trainer import openspiel_bots
 from trainer.config import TrainConfig
 from trainer.play import play_game
 from trainer.policy import load_policy
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.slow
 def run_dir(tmp_path_factory):
     run = tmp_path_factory.mktemp("e2e") / "run"
     config = TrainConfig(minutes=0.6, num_cpus=2, object_store_mib=512, hot_capacity_mib=64, eval_games=100,
-                         eval_every_s=10.0, checkpoint_every_s=20.0)
+                         eval_every_s=10.0, checkpoint_every_s=20.0, reference_games=1)
     train(run, config, console=Console(file=io.StringIO()))
     return run
 
@@ -48,6 +49,16 @@ def test_the_run_trains_evaluates_and_reports(run_dir):
     report = read(run_dir, "report/report.json")
     assert report["env_steps"] > 0 and report["memory"]["frozen_snapshots"] == kinds.count(HISTORICAL)
     assert all((run_dir / "report" / f).stat().st_size > 0 for f in ("payoff.png", "curve.png", "players.md"))
+    # After training: main_0 against OpenSpiel's MCTS(100) at the env steps its snapshots were frozen, and now.
+    strength = report["reference"]
+    if not openspiel_bots.available():
+        assert "open_spiel is not installed" in strength["skipped"]
+        return
+    frozen = {p["name"]: p["frozen_at"] for p in league["players"]}
+    total = sum(p["steps"] for p in league["players"] if p["kind"] != HISTORICAL)
+    *snapshots, final = strength["points"]
+    assert (final["player"], final["steps"]) == (DEFAULT_PLAYER, total) and final["games"] == 2
+    assert all(p["steps"] == frozen[p["player"]] > 0 for p in snapshots)
 
 
 def test_resume_continues_the_run(run_dir):

@@ -2,8 +2,9 @@
 
 Main agents, main exploiters and league exploiters learn with PPO in learner shards; thin rollout workers
 play them against each other and against frozen snapshots, which the node's PolicyStore keeps once in
-shared memory for all workers. At the end: players with Elo, a payoff heatmap, a learning curve and the
-store's memory report under RUN_DIR/report/.
+shared memory for all workers. At the end: players with Elo, a payoff heatmap, a learning curve (with the
+main agent against OpenSpiel's MCTS(100) at a few points of the run, played after training) and the store's
+memory report under RUN_DIR/report/.
 
 examples:
   python -m trainer --run-dir runs/demo                 # default run (see --minutes)
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus-per-learner", type=float, default=d.learner_gpus,
                    help="GPU share per learner shard, e.g. 0.3 for three shards on one GPU (default 0: CPU)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for the local Ray (default: all)")
+    p.add_argument("--reference-games", type=int, default=d.reference_games,
+                   help="games per seat for each point of main_0 against OpenSpiel's MCTS(100), played after "
+                   f"training (default {d.reference_games}; 0: skip)")
     p.add_argument("--seed", type=int, default=d.seed)
     return p.parse_args(argv)
 
@@ -57,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig(
         minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, game=args.game, seed=args.seed,
         workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
-        learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus,
+        learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus, reference_games=args.reference_games,
         league=LeagueConfig(main_agents=args.main_agents, main_exploiters=args.main_exploiters,
                             league_exploiters=args.league_exploiters))
     train(args.run_dir, config)

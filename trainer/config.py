@@ -36,6 +36,7 @@ class TrainConfig:
     worker_cpus: float = 0.5
     eval_games: int = 200            # per seat, for the live win rate against random / win-block
     eval_every_s: float = 20.0
+    reference_games: int = 20        # per seat, for each point against OpenSpiel's MCTS(100) after training (0: skip)
     checkpoint_every_s: float = 60.0
     num_cpus: int | None = None      # for the local Ray this command starts (None: all cores)
     object_store_mib: int = 1024
@@ -48,6 +49,8 @@ class TrainConfig:
             raise ValueError("need at least one worker and two games per match (one per seat)")
         if self.hidden < 1 or self.publish_every < 1:
             raise ValueError("hidden and publish_every must be >= 1")
+        if self.reference_games < 0:
+            raise ValueError(f"reference_games must be >= 0, got {self.reference_games}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -6,6 +6,7 @@ OpenSpiel state, kept in step with the batch's boards by the columns that grew s
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import numpy as np
@@ -19,6 +20,11 @@ MCTS_NAME = re.compile(r"mcts(\d+)$")
 def is_mcts(name: str) -> bool:
     """``mcts100``: OpenSpiel's MCTS with 100 simulations (UCT c = 2, one random rollout per leaf)."""
     return MCTS_NAME.match(name) is not None
+
+
+def available() -> bool:
+    """Whether the openspiel extra is installed (found without importing it)."""
+    return importlib.util.find_spec("pyspiel") is not None
 
 
 def _pyspiel():

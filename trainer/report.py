@@ -1,4 +1,5 @@
-"""End-of-run report: players table, payoff heatmap, learning curve, store memory report, report.json."""
+"""End-of-run report: players table, payoff heatmap, learning curve (with the reference bot's points), store memory
+report, report.json."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import matplotlib
 import numpy as np
+from matplotlib.patches import Rectangle
 from rich.table import Table
 
 from league.constants import DEFAULT_PLAYER, HISTORICAL, is_frozen
@@ -41,62 +43,106 @@ def players_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def players_markdown(rows: list[dict[str, Any]]) -> str:
+def players_markdown(rows: list[dict[str, Any]], reference: dict[str, Any] | None = None) -> str:
+    """The players by Elo, then the main agent against the reference bot (what was measured, or why not)."""
     lines = ["| player | kind | parent | Elo | env steps |", "|---|---|---|---:|---:|"]
     for r in sorted(rows, key=lambda r: -r["elo"]):
         steps = f"{r['steps']:,}" if r["kind"] != HISTORICAL else ""
         lines.append(f"| {r['name']} | {r['kind']} | {r['parent'] or ''} | {r['elo']:.0f} | {steps} |")
+    if reference:
+        lines += ["", f"## {DEFAULT_PLAYER} against OpenSpiel {reference['opponent']}", ""]
+        if "skipped" in reference:
+            lines.append(f"Not measured: {reference['skipped']}.")
+        else:
+            lines += [f"{reference['games_per_point']} games per point, both seats, measured after training in "
+                      f"{reference['seconds']:.0f} s.", "",
+                      "| player | env steps (frozen at) | win | draw | loss | win, 95% interval |",
+                      "|---|---:|---:|---:|---:|---|"]
+            lines += [f"| {p['player']} | {p['steps']:,} | {p['win']:.0%} | {p['draw']:.0%} | {p['loss']:.0%} "
+                      f"| [{p['win_low']:.0%}, {p['win_high']:.0%}] |" for p in reference["points"]]
     return "\n".join(lines) + "\n"
 
 
-def payoff_heatmap(summary: list[dict[str, Any]], players: list[str], matrix: np.ndarray, met: np.ndarray,
+def league_columns(summary: list[dict[str, Any]]) -> list[str]:
+    """The whole league, one lineage after another in the league's order (main agents, then exploiters): each
+    trainable player's snapshots in the order they were frozen, then the player as it is now."""
+    trainable = [r["name"] for r in summary if r["kind"] != HISTORICAL]
+    return [c for p in trainable for c in [r["name"] for r in summary if r["parent"] == p] + [p]]
+
+
+def count_text(n: int) -> str:
+    """A game count in at most four characters: 512, 5.1k, 1.2M."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.1f}{suffix}" if n < 10 * scale else f"{n / scale:.0f}{suffix}"
+    return str(n)
+
+
+def payoff_heatmap(summary: list[dict[str, Any]], players: list[str], matrix: np.ndarray, played: np.ndarray,
                    path: Path) -> None:
-    """The players that train (rows) against every player they met (columns), both strongest first by Elo, so
-    the picture reads as who beats whom; pairs that never met are grey, not a made-up 0.5."""
+    """The players that train (rows, strongest first by Elo) against the whole league (columns, lineage by
+    lineage in the order the snapshots were frozen), so a row reads as how far a player has left its own past
+    behind and whom it still loses to. Each cell: the decayed win rate in % and the games played; pairs that
+    never met are hatched grey, not a made-up 0.5 (frozen snapshots never play each other, hence no rows)."""
     plt = pyplot()
     elo = {r["name"]: r["elo"] for r in summary}
     index = {name: i for i, name in enumerate(players)}
-    by_elo = sorted((p for p in players if p in elo), key=lambda p: -elo[p])
-    kinds = {r["name"]: r["kind"] for r in summary}
-    rows = [p for p in by_elo if kinds[p] != HISTORICAL]
-    cols = [p for p in by_elo if any(met[index[r], index[p]] for r in rows)]
-    grid = np.full((len(rows), len(cols)), np.nan)
-    for i, r in enumerate(rows):
-        for j, c in enumerate(cols):
-            if met[index[r], index[c]]:
-                grid[i, j] = matrix[index[r], index[c]]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.42 * len(cols) + 3), max(3.0, 0.42 * len(rows) + 2)))
-    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#dddddd")
+    rows = sorted((r["name"] for r in summary if r["kind"] != HISTORICAL), key=lambda p: -elo[p])
+    cols = league_columns(summary)
+    cells = np.ix_([index[r] for r in rows], [index[c] for c in cols])
+    games = np.asarray(played)[cells].astype(np.int64)
+    grid = np.where(games > 0, matrix[cells], np.nan)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.42 * len(cols) + 3.0), 0.55 * len(rows) + 3.2))
+    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#e4e4e4")
     im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
-    if grid.size <= 600:  # numbers while they stay readable
-        for (i, j), v in np.ndenumerate(grid):
-            if not np.isnan(v):
-                ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", fontsize=6,
-                        color="white" if abs(v - 0.5) > 0.3 else "black")
-    ax.set_xticks(range(len(cols)), [f"{c} ({elo[c]:.0f})" for c in cols], rotation=90, fontsize=7)
-    ax.set_yticks(range(len(rows)), [f"{r} ({elo[r]:.0f})" for r in rows], fontsize=7)
-    ax.set_xlabel("opponent (by Elo)")
-    ax.set_ylabel("training player")
-    ax.set_title("Payoff: P[row beats column] in % (decayed; grey: never met)")
-    fig.colorbar(im, ax=ax, fraction=0.046)
+    for (i, j), v in np.ndenumerate(grid):
+        if np.isnan(v):
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////", edgecolor="#a8a8a8", lw=0))
+            continue
+        color = "white" if abs(v - 0.5) > 0.3 else "black"
+        ax.text(j, i - 0.1, f"{100 * v:.0f}", ha="center", va="center", fontsize=7, color=color)
+        ax.text(j, i + 0.28, count_text(int(games[i, j])), ha="center", va="center", fontsize=5.5, color=color)
+    for j in range(1, len(cols)):  # a line between lineages
+        if cols[j - 1] in rows:
+            ax.axvline(j - 0.5, color="black", lw=1.2)
+    ax.set_xticks(range(len(cols)), [f"{c}  {elo[c]:.0f}" for c in cols], rotation=90, fontsize=7)
+    ax.set_yticks(range(len(rows)), [f"{r}  {elo[r]:.0f}" for r in rows], fontsize=8)
+    for label in ax.get_xticklabels():
+        if label.get_text().split()[0] in rows:
+            label.set_fontweight("bold")
+    ax.set_xlabel("opponent and its Elo: each lineage's frozen snapshots, oldest first, then the player now (bold)")
+    ax.set_ylabel("training player (by Elo)")
+    ax.set_title("Who beats whom: P[row beats column] in % (decayed: recent games weigh most)\n"
+                 "small number: games played; hatched: never met", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def learning_curve(curve: list[dict[str, Any]], path: Path) -> None:
-    """Win rates of the main agent against the scripted players, and the main agents' Elo, over env steps."""
+def learning_curve(curve: list[dict[str, Any]], path: Path, reference: dict[str, Any] | None = None) -> None:
+    """Win rates of the main agent against the scripted players, and against the reference bot at the points
+    measured after training (with their 95% intervals), and the main agents' Elo, over env steps."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [row["steps"] / 1e6 for row in curve]
     for key in win_keys(curve):
         ax1.plot(steps, [row[key] for row in curve], marker=".", label=f"vs {key[4:]}")
+    points = (reference or {}).get("points", [])  # none when the measurement was skipped
+    if points:
+        win = np.array([p["win"] for p in points])
+        spread = [win - [p["win_low"] for p in points], [p["win_high"] for p in points] - win]
+        ax1.errorbar([p["steps"] / 1e6 for p in points], win, yerr=spread, fmt="D", ms=4, color="black",
+                     capsize=3, label=f"vs OpenSpiel {reference['opponent']} ({points[0]['games']} games each)")
+        for p in points:
+            ax1.annotate(p["player"], (p["steps"] / 1e6, p["win"]), xytext=(5, -2), textcoords="offset points",
+                         fontsize=6, va="top")
     ax1.axhline(0.95, color="grey", ls=":", lw=1)
     ax1.axhline(0.60, color="grey", ls=":", lw=1)
     ax1.set_ylim(0, 1)
     ax1.set_xlabel("env steps (millions)")
     ax1.set_ylabel("main agent win rate (both seats)")
-    ax1.legend()
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize=7, frameon=False)
     ax1.grid(alpha=0.3)
     mains = sorted({k for row in curve for k in row.get("elo", {})})
     for name in mains:
@@ -137,18 +183,20 @@ def memory_report(stats: StoreStats, infos: list[Any], workers: int) -> dict[str
 
 
 def final_record(status: dict[str, Any], curve: list[dict[str, Any]], memory: dict[str, Any],
-                 workers: list[dict[str, Any]], learners: list[dict[str, Any]]) -> dict[str, Any]:
-    """What report.json holds: this session's throughput, the main agent's last evaluation, memory, actors."""
+                 workers: list[dict[str, Any]], learners: list[dict[str, Any]],
+                 reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What report.json holds: this session's throughput, the main agent's last evaluation, memory, actors, and
+    the main agent against the reference bot at a few points of the run (``trainer.reference``)."""
     return {"env_steps": status["steps"], "env_steps_per_s": status["steps_per_s"],
             "elapsed_s": status["elapsed_s"], DEFAULT_PLAYER: curve[-1] if curve else None,
-            "memory": memory, "workers": workers, "learners": learners}
+            "memory": memory, "workers": workers, "learners": learners, "reference": reference}
 
 
 def write_report(directory: Path, summary: list[dict[str, Any]], players: list[str], matrix: np.ndarray,
-                 met: np.ndarray, curve: list[dict[str, Any]]) -> None:
+                 played: np.ndarray, curve: list[dict[str, Any]], reference: dict[str, Any] | None = None) -> None:
     """payoff.png, curve.png and players.md in ``directory`` (the driver writes ``final_record`` beside them as
     report.json, atomically, like every JSON file of the run)."""
     directory.mkdir(exist_ok=True)
-    payoff_heatmap(summary, players, matrix, met, directory / "payoff.png")
-    learning_curve(curve, directory / "curve.png")
-    (directory / "players.md").write_text(players_markdown(summary))
+    payoff_heatmap(summary, players, matrix, played, directory / "payoff.png")
+    learning_curve(curve, directory / "curve.png", reference)
+    (directory / "players.md").write_text(players_markdown(summary, reference))

@@ -20,7 +20,7 @@ import policystore
 from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
 from league.games import get_game
 from policystore.memory import MiB
-from trainer import report
+from trainer import reference, report
 from trainer.config import TrainConfig
 from trainer.display import LiveDisplay, print_summary
 from trainer.evaluate import evaluate
@@ -132,11 +132,28 @@ class Trainer:
         payoff = ray.get(self.league.payoff_matrix.remote())
         memory = report.memory_report(self.store.stats(), self.store.list(), self.config.workers)
         learners = ray.get([learner.stats.remote() for learner in self.learners.values()])
-        final = report.final_record(result["status"], self.curve, memory, result["workers"], learners)
-        report.write_report(self.rd.report, summary, *payoff, self.curve)
+        strength = self.measure_reference(summary)
+        final = report.final_record(result["status"], self.curve, memory, result["workers"], learners, strength)
+        report.write_report(self.rd.report, summary, *payoff, self.curve, strength)
         self.rd.write_json(self.rd.report / "report.json", final)
         print_summary(self.console, summary, final, self.config.eval_games, self.rd.report)
         return final
+
+    def measure_reference(self, summary: list[dict[str, Any]]) -> dict[str, Any]:
+        """The first main agent against OpenSpiel's MCTS(100) at a few points of the run, now that training has
+        ended (``trainer.reference``); the nets are the store's views."""
+        kinds = {r["name"]: r["kind"] for r in summary}
+        record = reference.measure(summary, lambda name: self.modules.get(name, frozen=kinds[name] == HISTORICAL),
+                                   self.game, self.config.reference_games, self.config.seed)
+        head = f"{DEFAULT_PLAYER} against OpenSpiel {record['opponent']}"
+        if "skipped" in record:
+            self.console.print(f"{head}: skipped, {record['skipped']}")
+        else:
+            rates = ", ".join(f"{p['player']} at {p['steps'] / 1e6:.1f} M steps {p['win']:.0%}"
+                              for p in record["points"])
+            self.console.print(f"{head} ({record['games_per_point']} games per point, both seats, "
+                               f"{record['seconds']:.0f} s): {rates}")
+        return record
 
     def shutdown(self) -> None:
         if self.owns_ray:
