@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+from helpers import eventually
 
 from league.connect4 import COLS, NUM_PLANES, ROWS
 from league.constants import FROZEN_META_KEY, HISTORICAL
@@ -47,6 +48,8 @@ def test_learner_publishes_versions_snapshots_and_resets(store, tmp_path):
     assert ray.get(learner.add.remote(random_batch(100))) == 0          # below the batch size: no update
     for _ in range(3):
         ray.get(learner.add.remote(random_batch(300)))
+    # published by another process: this one's "latest" catches up by push, within the store's staleness bound
+    eventually(lambda: store.get("lrn_main").id.version == 4, "v4 pushed to the driver")
     latest = store.get("lrn_main")
     assert latest.id.version == 4 and latest.meta["updates"] == 3
     assert not torch.equal(latest["policy.weight"], initial["policy.weight"])
@@ -58,6 +61,7 @@ def test_learner_publishes_versions_snapshots_and_resets(store, tmp_path):
     assert all(torch.equal(frozen[k], latest[k]) for k in latest)
     assert any(i.id == sid and i.on_disk for i in store.list())         # durable: on disk at return
     ray.get(learner.reset.remote())
+    eventually(lambda: store.get("lrn_main").id.version == 5, "the reset's v5 pushed to the driver")
     reset = store.get("lrn_main")
     assert reset.id.version == 5 and all(torch.equal(reset[k], initial[k]) for k in initial)
     assert all(torch.equal(frozen[k], latest[k]) for k in latest)       # the snapshot is untouched
