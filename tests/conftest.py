@@ -34,6 +34,13 @@ def pytest_unconfigure(config):
         os._exit(config.stash[_EXIT_STATUS])
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The long modules (RLlib training, the end-to-end run) first: pytest-xdist hands out whole files in this
+    order, so the two workers start on the longest and end together instead of one finishing alone with them."""
+    items.sort(key=lambda item: item.get_closest_marker("rllib") is None and item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     ray.init(address="local", num_cpus=2, object_store_memory=1_500_000_000, include_dashboard=False,
