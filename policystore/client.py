@@ -24,7 +24,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from . import errors
 from .catalog import CatalogServer, ask_stores
-from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, check_league, store_name
+from .config import (
+    DEFAULT_LEAGUE,
+    NAMESPACE,
+    WATCH_GROUP,
+    StoreConfig,
+    catalog_name,
+    check_league,
+    detached,
+    store_name,
+)
 from .deadline import wait
 from .errors import (
     ConfigError,
@@ -69,10 +78,8 @@ def _actor_class(cls: type, watchers: int) -> Any:
 
 
 def _detached(cls: type, watchers: int, name: str, **options: Any) -> Any:
-    """The named actor ``name`` of ``cls``: found if it runs, else created (atomically, in Ray's GCS) detached,
-    taking no CPU slot, and restarted by Ray whenever it dies."""
-    return _actor_class(cls, watchers).options(name=name, namespace=NAMESPACE, get_if_exists=True,
-                                               lifetime="detached", num_cpus=0, max_restarts=-1, **options)
+    """The named actor ``name`` of ``cls`` (``config.detached``: found if it runs, else created detached)."""
+    return _actor_class(cls, watchers).options(**detached(name), **options)
 
 
 # the namespace Ray gives a job that names none: a random UUID

@@ -137,6 +137,13 @@ def check_league(league: object) -> str:
     return league
 
 
+def detached(name: str) -> dict[str, object]:
+    """Ray options of the project's named actors: found if ``name`` runs, else created (atomically, in Ray's GCS)
+    detached, taking no CPU slot, and restarted by Ray whenever it dies."""
+    return {"name": name, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached", "num_cpus": 0,
+            "max_restarts": -1}
+
+
 def catalog_name(league: str = DEFAULT_LEAGUE) -> str:
     """The league's catalog actor (the default league keeps the name it always had)."""
     return CATALOG_NAME if league == DEFAULT_LEAGUE else f"{CATALOG_NAME}@{league}"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, detached, store_name
 from .format import Header, parse_head
 from .ids import SnapshotId
 from .wire import FeedEpoch, HotSnapshot, Ring, StoreEvents
@@ -314,8 +314,7 @@ def node_doorbell(node_id: str, channel: str) -> Bell:
     """``channel`` on the doorbell of ``node_id``, started if missing (creation is atomic in Ray's GCS). Detached:
     it outlives the stores and catalogs that ring it, so one started anew finds it running."""
     actor = ray.remote(Doorbell).options(
-        name=f"policystore-doorbell-{node_id}", namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
-        num_cpus=0, max_concurrency=MAX_WAITERS, max_restarts=-1,
+        **detached(f"policystore-doorbell-{node_id}"), max_concurrency=MAX_WAITERS,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote()
     return Bell(actor, channel)
