@@ -64,7 +64,8 @@ log = logging.getLogger(__name__)
 # ray.shutdown() unmaps the object store: pages protected in one Ray session are never unprotected in another
 follow_generation(current_ray_session)
 
-# A store that dies is restarted by Ray and rebuilds from disk; reads retry across that for this long.
+# A store that dies is restarted by Ray and rebuilds from disk; reads retry across that for this long. It is also
+# what a handle allows a store it just created for its start (a process and torch's import: seconds on a busy node).
 RETRY_TIMEOUT_S = 60.0
 _RESTARTING = (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError)
 _OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, ray.exceptions.ObjectFetchTimedOutError)
@@ -210,8 +211,9 @@ class PolicyStore:
             self.node_id = ray.get_runtime_context().get_node_id()
         self._actor = _store_actor(self.node_id, self._asked, self.league)
         self._catalog = _catalog_handle(self.league)
-        self.config = self._call(StoreServer.store_config)
-        self._hot_capacity = self._call(StoreServer.stats).hot_capacity_bytes
+        starting = max(self.config.call_timeout_s, RETRY_TIMEOUT_S)  # the store may have just been created
+        self.config = self._call(StoreServer.store_config, timeout_s=starting)
+        self._hot_capacity = self._call(StoreServer.stats, timeout_s=starting).hot_capacity_bytes
         self._local = self.node_id == ray.get_runtime_context().get_node_id()
         # Same node, same monotonic clock: only a local store's push can be checked for staleness.
         self._follower = self._session.follower(self.node_id, self.config) if self._local else None

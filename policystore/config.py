@@ -39,8 +39,9 @@ class StoreConfig:
         out of it are retried. Raise it for snapshots that take longer to upload on your link.
     call_timeout_s: the deadline of every remote call a client makes (to its store or the catalog); a call that
         does not answer in time raises DeadlineExceededError naming the actor and the call. A publish gets this
-        plus one second per 16 MiB of snapshot (``publish_timeout_s``). The store gives its own calls to the
-        catalog half of it, so a caller learns which actor was slow.
+        plus one second per 16 MiB of snapshot (``publish_timeout_s``); ``connect()`` allows a store it has just
+        started at least 60 s to come up. The store gives its own calls to the catalog half of it, so a caller
+        learns which actor was slow.
     league: the name that scopes every id (snapshots, versions, the store and catalog actors, spill folders and
         the catalog's database), so two jobs on one cluster never share snapshots by accident. None: the job's
         Ray namespace if it named one (``ray.init(namespace=...)``), else ``"default"``, the cluster's shared

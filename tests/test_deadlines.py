@@ -60,3 +60,13 @@ def test_a_stopped_catalog_is_a_deadline_error_not_a_hang(make_store):
     assert [i.id.version for i in store.list("p")] in ([1], [1, 2])
     assert store.publish("p", {"w": torch.full((4,), 2.0)}).version in (2, 3)
     assert store.get("p")["w"][0].item() == 2.0
+
+
+def test_connect_waits_for_the_store_it_starts_beyond_the_call_deadline(make_store):
+    """Starting a store is a process start and torch's import (seconds on a busy node): the handle that creates it
+    allows for that, while every call after it keeps the configured deadline."""
+    store = make_store(call_timeout_s=0.05)
+    assert store.config.call_timeout_s == 0.05
+    with stopped(ray.get(store._actor.__ray_call__.remote(lambda self: os.getpid()))):
+        with pytest.raises(DeadlineExceededError, match="did not answer stats"):
+            store.stats()
