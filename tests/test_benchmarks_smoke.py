@@ -40,8 +40,9 @@ ROW_KEYS = {  # per row type (spill_restore's "row", league_throughput's "bench"
                         "worker_pss_mib", "store_hot_mib", "private_copies_mib"],
     "forward": ["batch", "hidden", "forward_us"],
 }
-# The quick run, made shorter still where a benchmark's --quick trains for real (the trainer's own tests cover it).
-EXTRA_ARGS = {"league_throughput": ["--seconds", "5", "--modes", "store"]}
+# The quick run, made shorter still where a benchmark's --quick trains for real (the trainer's own tests cover it),
+# or where another smoke run already covers a mode (memory_scaling's runs the private copies worker_memory shares).
+EXTRA_ARGS = {"league_throughput": ["--seconds", "5", "--modes", "store"], "worker_memory": ["--modes", "store"]}
 
 
 def quick_run(name: str, out: Path) -> subprocess.CompletedProcess:
