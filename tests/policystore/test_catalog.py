@@ -37,7 +37,7 @@ from policystore.format import MAX_META_BYTES
 from policystore.ids import SnapshotId
 from policystore.wire import DURABLE, Holdings, Summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def summary(checksum: str = "crc32c:00000001", meta: dict | None = None, durable: bool = False) -> Summary:

@@ -221,7 +221,7 @@ except CorruptSnapshotError as exc:
 print("grew_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1]).stdout
+                         cwd=Path(__file__).resolve().parents[2]).stdout
     assert "refused:" in out and f"more than {MAX_LZ4_RATIO}x" in out
     assert int(out.split("grew_kib")[1]) < 64 * 1024
 

@@ -19,7 +19,7 @@ from policystore.durable import DurableTier
 from policystore.format import pack, parse_header
 from policystore.ids import SnapshotId
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
