@@ -337,10 +337,17 @@ def test_reads_are_not_blocked_behind_a_large_publish(make_store):
     writer = threading.Thread(target=lambda: published.append(store.publish("big", big, durable=True)))
     writer.start()  # durable: copy, checksum, write, fsync
     reads_meanwhile = 0
-    while writer.is_alive():
+
+    def read_until_published() -> bool:
+        nonlocal reads_meanwhile
+        if not writer.is_alive():
+            return True
         policystore.clear_cache()
         store.get("small")
         reads_meanwhile += 1
+        return False
+
+    eventually(read_until_published, "the large publish to return", every_s=0)
     writer.join()
     assert published == [("big", 1)]
     assert reads_meanwhile >= 3, f"only {reads_meanwhile} reads completed during the publish"
