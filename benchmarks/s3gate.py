@@ -1,7 +1,7 @@
 """A real S3-compatible server (moto's server mode, on loopback) behind a switchable proxy, for fault injection:
 ``up`` forwards, ``down`` refuses connections, ``hang`` accepts connections and never answers, ``errors`` answers
 every request with HTTP 500. The durable tier's faults in the chaos benchmark are these switches, and so are those of
-the store's durable-tier tests (``tests/test_durable.py``)."""
+the store's durable-tier tests (``tests/policystore/test_durable.py``)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,6 @@ CREATE TABLE IF NOT EXISTS events (
 -- commit) asks again with the same token and gets the version it was given, never a second one
 CREATE TABLE IF NOT EXISTS publishes (token TEXT PRIMARY KEY, pid TEXT NOT NULL, version INTEGER NOT NULL);
 """
-TABLES = {"info", "policies", "snapshots", "holders", "events", "publishes"}
 
 
 @dataclass

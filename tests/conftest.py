@@ -9,8 +9,10 @@ import pytest
 import ray
 
 ROOT = Path(__file__).resolve().parents[1]
-# Ray workers inherit the driver's environment on a local cluster: let them import test modules and the project.
-_paths = (str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH"))
+# Ray workers inherit the driver's environment on a local cluster: let them import the project and test modules
+# (pytest imports each by its file name from its own folder, one folder per package under test).
+_TEST_DIRS = [ROOT / "tests", *sorted(p for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("test_*.py")))]
+_paths = (str(ROOT), *map(str, _TEST_DIRS), os.environ.get("PYTHONPATH"))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in _paths if p)
 
 

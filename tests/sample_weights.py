@@ -1,13 +1,17 @@
-"""Weights for tests, shared by the format, store and view tests (import it; never import another test module).
+"""Weights for tests, shared by the format, server and client tests (import it; never import another test module).
 
 Every dtype the store supports, filled with every bit pattern (NaNs and infs included), plus the odd shapes that
-catch alignment bugs: what a bitwise round trip through the store has to survive.
+catch alignment bugs: what a bitwise round trip through the store has to survive; and a small net and plain
+weights of a given size for the store's tests.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
+
+from policystore.memory import MiB
 
 DTYPES = [  # all 15 safetensors dtypes
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int16,
@@ -36,3 +40,19 @@ def mixed_weights() -> dict[str, torch.Tensor]:
     weights["empty"] = torch.empty(0, 4)
     weights["odd"] = random_tensor(torch.int8, shape=(3,))  # odd sizes must not misalign what follows
     return weights
+
+
+def net() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
+
+
+def weights_of_mib(mib: float, seed: int = 0, compressible: bool = False) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    n = int(mib * MiB) // 4
+    w = torch.randn(n, generator=g)
+    return {"w": torch.round(w) if compressible else w}
+
+
+def big_net() -> nn.Module:
+    """4 MiB of float32 weights."""
+    return nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512))

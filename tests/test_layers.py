@@ -62,14 +62,16 @@ def source_files() -> dict[str, Path]:
 
 
 FILES = source_files()
-TEST_MODULES = {name.removeprefix("tests.") for name in FILES if name.startswith("tests.")}
+# pytest imports a test folder's files by their own names (the folders have no __init__.py): a file's name is what
+# another test module would import it by
+TEST_MODULES = {name.rpartition(".")[2]: name for name in FILES if name.startswith("tests.")}
 
 
 def resolve(name: str) -> str | None:
     """The repository module an imported dotted name lands in (its longest existing prefix), else None."""
     top = name.split(".")[0]
     if top in TEST_MODULES:
-        return f"tests.{top}"
+        return TEST_MODULES[top]
     if top not in PACKAGES:
         return None
     parts = name.split(".")

@@ -62,14 +62,8 @@ def add_frozen(
     )
     if add_to_learners:
         _add_to_learners(algorithm, module_id, from_module_id, source, new_should_module_be_updated)
-    registry.update(
-        settings.league,
-        add={module_id: FrozenEntry(snapshot, spec, add_to_learners)},
-        mapping_fn=new_agent_to_module_mapping_fn,
-        policies_to_train=new_should_module_be_updated,
-    )
-    update_algorithm_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
-    sync_all(algorithm)
+    _change_league(algorithm, settings.league, new_agent_to_module_mapping_fn, new_should_module_be_updated,
+                   add={module_id: FrozenEntry(snapshot, spec, add_to_learners)})
     return snapshot
 
 
@@ -91,18 +85,10 @@ def remove_frozen(
         raise NotFrozenError(
             f"remove_frozen: {module_id!r} is not a frozen module of league {settings.league!r}"
         )
-    registry.update(
-        settings.league,
-        remove=[module_id],
-        mapping_fn=new_agent_to_module_mapping_fn,
-        policies_to_train=new_should_module_be_updated,
-    )
     if entry.on_learners:
-        algorithm.learner_group.remove_module(
-            module_id, new_should_module_be_updated=new_should_module_be_updated
-        )
-    update_algorithm_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
-    sync_all(algorithm)
+        algorithm.learner_group.remove_module(module_id, new_should_module_be_updated=new_should_module_be_updated)
+    _change_league(algorithm, settings.league, new_agent_to_module_mapping_fn, new_should_module_be_updated,
+                   remove=[module_id])
     if delete_snapshot:
         settings.store().delete(entry.snapshot.policy_id, version=entry.snapshot.version)
 
@@ -118,12 +104,17 @@ def set_matchmaking(
     their mapping function from the league, so a mapping set only through RLlib would be replaced by the
     league's at the next league change, and a restarted EnvRunner would not see it at all.
     """
-    registry.update(
-        settings_of(algorithm).league,
-        mapping_fn=new_agent_to_module_mapping_fn,
-        policies_to_train=new_should_module_be_updated,
-    )
-    update_algorithm_config(algorithm, new_agent_to_module_mapping_fn, new_should_module_be_updated)
+    _change_league(algorithm, settings_of(algorithm).league, new_agent_to_module_mapping_fn,
+                   new_should_module_be_updated)
+
+
+def _change_league(algorithm: Any, league: str, mapping_fn: Callable[..., str] | None, should_update: Any,
+                   **change: Any) -> None:
+    """Record a change of the league (frozen modules added or removed, matchmaking) in its registry, then bring the
+    driver's config and every EnvRunner in line with it now (a mapping or trainable set of None keeps the current
+    one)."""
+    registry.update(league, mapping_fn=mapping_fn, policies_to_train=should_update, **change)
+    update_algorithm_config(algorithm, mapping_fn, should_update)
     sync_all(algorithm)
 
 

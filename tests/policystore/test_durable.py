@@ -256,7 +256,7 @@ class _DyingProxy:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        while True:
+        while True:  # not a wait: serves connections until the listener is closed
             try:
                 client, _ = self._listener.accept()
             except OSError:

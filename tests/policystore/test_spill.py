@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policystore.errors import CorruptSnapshotError, SnapshotFolderError
+from policystore.errors import CorruptSnapshotError, DiskFullError, SnapshotFolderError
 from policystore.format import META_VERSION, Expected, pack, parse_header
 from policystore.ids import SnapshotId
 from policystore.snapfile import MAX_LZ4_RATIO, SpillFile
@@ -221,7 +221,7 @@ except CorruptSnapshotError as exc:
 print("grew_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1]).stdout
+                         cwd=Path(__file__).resolve().parents[2]).stdout
     assert "refused:" in out and f"more than {MAX_LZ4_RATIO}x" in out
     assert int(out.split("grew_kib")[1]) < 64 * 1024
 
@@ -319,3 +319,11 @@ def test_a_failing_put_is_not_the_files_fault(tier, mib, error):
     with pytest.raises(type(error)):
         tier.restore(file, str(sid), expect=expect(sid, buf), put=put)
     assert tier.find(sid) == file and tier.quarantined() == []
+
+
+def test_running_out_of_space_mid_write_leaves_no_partial_file(tiny_disk):
+    disk = DiskTier(tiny_disk, compress=False)
+    buf = pack({"w": torch.randn(1 << 20)}, policy_id="big")  # 4 MiB on a 3 MiB file system
+    with pytest.raises(DiskFullError, match="disk full while spilling big"):
+        disk.write_temp(SnapshotId("big", 1), buf, parse_header(buf, name="big"), "big")
+    assert list((tiny_disk / "big").iterdir()) == []

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("ray.rllib")
 
 pytestmark = pytest.mark.rllib
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV_RUNNERS, FROZEN = 2, 6
 
 

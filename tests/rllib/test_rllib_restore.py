@@ -49,7 +49,7 @@ def held_bytes(runner) -> dict[str, dict[str, bytes]]:
 
 
 _CHILD = "POLICYSTORE_TEST_RESTORE_CHILD"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_restore_in_a_new_session_republishes_while_the_old_algorithm_lives(tmp_path):

@@ -37,7 +37,7 @@ from policystore.format import MAX_META_BYTES
 from policystore.ids import SnapshotId
 from policystore.wire import DURABLE, Holdings, Summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def summary(checksum: str = "crc32c:00000001", meta: dict | None = None, durable: bool = False) -> Summary:
@@ -510,7 +510,7 @@ WRITER = textwrap.dedent("""
     from policystore.wire import Summary
     catalog = CatalogServer(sys.argv[1], StoreConfig())
     rng = random.Random(int(sys.argv[2]))
-    while True:
+    while True:  # not a wait: writes until the test SIGKILLs this process
         pid = rng.choice("abc")
         s = Summary(1, f"crc32c:{rng.getrandbits(32):08x}", {"pad": "x" * rng.randrange(2000)}, 1.0, rng.random() < .3)
         if rng.random() < 0.5:

@@ -60,22 +60,25 @@ class Peer:
         actor = ray.get_actor(store_name(node), namespace=NAMESPACE)
         return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
 
-    def read_loop(self, policy_id: str, seconds: float) -> tuple[int, list[int], list[str]]:
-        """Read the latest version over and over: every snapshot must be whole and versions must never go back."""
+    def read_until(self, policy_id: str, last: int, started: str) -> tuple[int, list[int], list[str]]:
+        """Read the latest version over and over until it is ``last``: every snapshot must be whole and versions
+        must never go back. The file ``started`` appears after the first read, so a learner can publish while
+        every reader reads rather than hope that they overlap."""
         store, versions, problems = policystore.connect(), [], []
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            try:
-                snap = store.get(policy_id)
-            except policystore.UnknownPolicyError:
-                time.sleep(0.01)
-                continue
+
+        def read_once() -> bool:
+            snap = store.get(policy_id)
             v = snap.id.version
             if not (snap["a"] == v).all() or not (snap["b"] == v).all():
                 problems.append(f"v{v} torn: a in [{snap['a'].min()}, {snap['a'].max()}]")
             if versions and v < versions[-1]:
                 problems.append(f"went back from v{versions[-1]} to v{v}")
             versions.append(v)
+            if len(versions) == 1:
+                Path(started).touch()
+            return v >= last
+
+        eventually(read_once, f"{policy_id}@v{last} read", every_s=0)
         return len(versions), sorted(set(versions)), problems
 
 
@@ -203,7 +206,7 @@ def _pause_after_spill(flag: str):
         def paused(*args, **kwargs):
             temp = write_temp(*args, **kwargs)
             open(flag, "w").close()
-            time.sleep(3600)
+            time.sleep(3600)  # holds the publish here until the kill; the test waits for the flag, not for time
             return temp
 
         server.disk.write_temp = paused
@@ -242,10 +245,7 @@ def test_kill_during_fetch_leaves_the_copy_whole_or_absent(cluster):
     store = ray.get_actor(store_name(b), namespace=NAMESPACE)
     misses = ray.get(store.stats.remote()).misses
     pending = reader.get.remote("fetched_midway")
-    deadline = time.monotonic() + 60
-    while ray.get(store.stats.remote()).misses == misses:  # the fetch has begun
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    eventually(lambda: ray.get(store.stats.remote()).misses != misses, "the fetch to begin", every_s=0.01)
     os.kill(ray.get(store.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
     try:
         assert ray.get(pending) == (1, 6.0, 6.0)  # retried through the restart, or done before the kill
@@ -258,22 +258,22 @@ def test_kill_during_fetch_leaves_the_copy_whole_or_absent(cluster):
     assert ray.get(on(b).get.remote("fetched_midway")) == (1, 6.0, 6.0)
 
 
-def test_12_readers_never_see_a_torn_snapshot_while_a_learner_publishes(cluster):
+def test_12_readers_never_see_a_torn_snapshot_while_a_learner_publishes(cluster, tmp_path):
     c, _, _ = cluster
     nodes = node_ids(c)
     readers = [on(nodes[i % len(nodes)]) for i in range(12)]
     ray.get([r.node_and_store.remote() for r in readers])  # all started and connected
     learner = on(nodes[0])
     ray.get(learner.publish.remote("learner", 1, mib=0.5))
-    loops = [r.read_loop.remote("learner", 6.0) for r in readers]
+    started = [tmp_path / f"reader{i}" for i in range(len(readers))]
+    loops = [r.read_until.remote("learner", 11, str(flag)) for r, flag in zip(readers, started, strict=True)]
+    eventually(lambda: all(flag.exists() for flag in started), "every reader's first read")
     published = [ray.get(learner.publish.remote("learner", v, mib=0.5)) for v in range(2, 12)]
     assert published == list(range(2, 12))
     results = ray.get(loops)
     problems = [p for _, _, ps in results for p in ps]
     assert not problems, problems[:5]
-    assert all(count > 0 for count, _, _ in results)
-    seen = set().union(*(set(v) for _, v, _ in results))
-    assert len(seen) > 1  # readers did observe new versions while the learner published
+    assert all(seen[0] == 1 and seen[-1] == 11 for _, seen, _ in results)  # each read before and after them
 
 
 def test_sigkilled_catalog_restarts_with_every_version_and_watchers_carry_on(cluster):

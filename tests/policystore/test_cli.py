@@ -19,7 +19,7 @@ from policystore.durable import DurableTier
 from policystore.format import pack, parse_header
 from policystore.ids import SnapshotId
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
@@ -83,7 +83,7 @@ def test_offline_ls_verify_export_du_stats(capsys, durable_dir, tmp_path):
 
 def test_ls_pages_with_limit_and_after(capsys, durable_dir):
     ids, after = [], []
-    while True:
+    while True:  # not a wait: pages until ls answers an empty page
         code, out = run_cli(capsys, "--dir", str(durable_dir), "ls", "--json", "--limit", "3", *after)
         assert code == EXIT_OK
         page = [f"{r['policy_id']}@v{r['version']}" for r in json.loads(out)]

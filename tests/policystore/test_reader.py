@@ -27,7 +27,7 @@ from policystore.ids import SnapshotId
 from policystore.reader import open_folder
 from policystore.spill import DiskTier
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def weights(seed: int, *, pruned: bool = False) -> dict[str, torch.Tensor]:
