@@ -63,14 +63,19 @@ def play(position: Position, col: int) -> Position:
     return current ^ mask, new_mask, moves + 1
 
 
+def is_winning_move(position: Position, col: int) -> bool:
+    """Whether the mover completes four in a row by playing ``col``."""
+    current, mask, _ = position
+    return bool(winning_cells(current, mask) & playable(mask) & _COLUMN[col])
+
+
 def from_moves(columns: Sequence[int]) -> Position:
     """The position after the given columns (0-based) were played from the empty board, checked as it goes."""
     position: Position = (0, 0, 0)
     for col in columns:
-        current, mask, _ = position
-        if not 0 <= col < COLS or mask & _TOP[col]:
+        if not 0 <= col < COLS or position[1] & _TOP[col]:
             raise ValueError(f"illegal move: column {col} is {'full' if 0 <= col < COLS else 'outside 0..6'}")
-        if winning_cells(current, mask) & playable(mask) & _COLUMN[col]:
+        if is_winning_move(position, col):
             raise ValueError(f"the game is over: column {col} completes four in a row")
         position = play(position, col)
     return position
@@ -124,13 +129,12 @@ class Solver:
         to tell a draw from a loss.
         """
         best = self.value(position)
-        wins = winning_cells(position[0], position[1]) & playable(position[1])
         values = {}
         for col in range(COLS):
             if position[1] & _TOP[col]:
                 continue
             current, mask, moves = child = play(position, col)
-            if wins & _COLUMN[col]:
+            if is_winning_move(position, col):
                 values[col] = 1
             elif best == -1 or moves >= _CELLS:
                 values[col] = best if best == -1 else 0  # nothing beats the best; a full board is a draw
@@ -193,6 +197,11 @@ class Solver:
             low = high = best
         self.table[key] = (low + 1) * 3 + (high + 1)
         return best
+
+
+def is_open(position: Position, col: int) -> bool:
+    """Whether column ``col`` has room for another stone."""
+    return not position[1] & _TOP[col]
 
 
 def perfect_moves(solver: Solver, position: Position) -> list[int]:
