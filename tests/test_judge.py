@@ -22,7 +22,7 @@ def test_a_perfect_player_keeps_every_value_and_random_play_far_fewer():
     assert len(positions) == 16 and found.skipped == 0 and found.sampled >= 16
     rng = np.random.default_rng(0)
     assert judge.score(scripted_policy(perfect_player(), rng), positions) == 16
-    assert judge.score(scripted_policy(random_player, rng), positions) <= 12
+    assert judge.score(scripted_policy(random_player, rng), positions) <= 10
 
 
 def test_judged_positions_are_ones_where_the_choice_matters_and_values_are_exact():
