@@ -65,6 +65,13 @@ def test_positions_too_slow_to_solve_are_counted_as_skipped():
     assert found.sampled >= len(found.positions) + found.skipped
 
 
+def test_a_node_limit_that_skips_most_positions_is_an_error_not_an_endless_loop():
+    with pytest.raises(ValueError, match="needed more than 10 nodes"):
+        judge.sample_positions(4, seed=0, stones=(12, 14), node_limit=10, cache_dir=None)
+    with pytest.raises(ValueError, match="stones must be a range"):
+        judge.sample_positions(4, stones=(30, 12), cache_dir=None)
+
+
 @pytest.mark.parametrize("search", [0, 2])
 def test_judge_players_reports_the_agent_and_the_yardsticks_with_intervals(search, tmp_path):
     results = judge_players(PolicyNet(16), 4, seed=3, search=search, stones=LATE, cache_dir=tmp_path)

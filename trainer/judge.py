@@ -68,6 +68,8 @@ def sample_positions(count: int, seed: int = 0, stones: tuple[int, int] = STONES
                      cache_dir: Path | None = CACHE_DIR) -> PositionSet:
     """The first ``count`` positions that matter from the random games of ``seed`` (a fixed seed, a fixed set;
     a smaller count is a prefix of a larger one)."""
+    if not 0 <= stones[0] <= stones[1] < COLS * 6:
+        raise ValueError(f"stones must be a range within 0..41, got {stones}")
     cache = _Cache(cache_dir, seed, stones, node_limit)
     rng = np.random.default_rng(seed)
     found: list[JudgedPosition] = []
@@ -82,6 +84,9 @@ def sample_positions(count: int, seed: int = 0, stones: tuple[int, int] = STONES
                 cache.put(moves, values)
             if values == "skipped":
                 skipped += 1
+                if skipped > max(count, sampled // 2):
+                    raise ValueError(f"{skipped} of {sampled} positions needed more than {node_limit} nodes to "
+                                     "solve: raise the node limit or the fewest stones")
             elif len({v for v in values if v is not None}) > 1:
                 found.append(JudgedPosition(moves, values))
     finally:
