@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from league.baselines import Player
 from league.connect4 import COLS, ROWS, VecConnectFour
 
 _H1 = ROWS + 1
@@ -29,7 +30,7 @@ _TOP = [1 << (ROWS - 1 + c * _H1) for c in range(COLS)]
 # Columns from the centre out: the order of the search among moves that create as many threats.
 CENTRE_FIRST = sorted(range(COLS), key=lambda c: (abs(2 * c - (COLS - 1)), c))
 # Transposition table entry: (lower bound + 1) * 3 + (upper bound + 1); small ints, no allocation per entry.
-_UNKNOWN = 0 * 3 + 2
+_UNKNOWN = (-1 + 1) * 3 + (1 + 1)  # bounds -1 and +1: nothing known yet
 Position = tuple[int, int, int]
 
 
@@ -96,9 +97,9 @@ class Solver:
     """Weak solver: values are +1 (the mover wins), 0 (draw), -1 (the mover loses) under perfect play.
 
     The transposition table persists between calls (the children of one position share most of their subtrees);
-    it is cleared when it reaches ``max_entries`` to bound memory (about 100 bytes an entry). ``node_limit``, if
-    set, makes a search that has visited that many positions since ``nodes`` was last reset raise
-    ``NodeLimitExceeded``.
+    it is cleared before a solve once it holds ``max_entries`` to bound memory (about 100 bytes an entry).
+    ``node_limit``, if set, makes a search raise ``NodeLimitExceeded`` once ``nodes`` (the positions searched
+    since the solver was made) passes it.
     """
 
     def __init__(self, max_entries: int = 2_000_000, node_limit: int | None = None):
@@ -131,7 +132,7 @@ class Solver:
         best = self.value(position)
         values = {}
         for col in range(COLS):
-            if position[1] & _TOP[col]:
+            if not is_open(position, col):
                 continue
             current, mask, moves = child = play(position, col)
             if is_winning_move(position, col):
@@ -211,7 +212,7 @@ def perfect_moves(solver: Solver, position: Position) -> list[int]:
     return [c for c, v in values.items() if v == best]
 
 
-def perfect_player(solver: Solver | None = None):
+def perfect_player(solver: Solver | None = None) -> Player:
     """A scripted player (``league.baselines.Player``) that plays a value-keeping move, centre first; the
     judge's check that its own scoring gives a perfect player 100%."""
     solver = solver or Solver()

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from league.baselines import random_player
+from league.baselines import random_player, win_block_player
 from league.model import PolicyNet
 from league.solver import Solver, from_moves, perfect_player
 from trainer import judge
@@ -21,8 +21,8 @@ def test_a_perfect_player_keeps_every_value_and_random_play_far_fewer():
     positions = found.positions
     assert len(positions) == 16 and found.skipped == 0 and found.sampled >= 16
     rng = np.random.default_rng(0)
-    assert judge.score(scripted_policy(perfect_player(), rng), positions) == 16
-    assert judge.score(scripted_policy(random_player, rng), positions) <= 10
+    assert judge.score(scripted_policy(perfect_player(), rng), positions).all()
+    assert judge.score(scripted_policy(random_player, rng), positions).sum() <= 10
 
 
 def test_judged_positions_are_ones_where_the_choice_matters_and_values_are_exact():
@@ -79,3 +79,15 @@ def test_judge_players_reports_the_agent_and_the_yardsticks_with_intervals(searc
     for r in results.values():
         assert r["positions"] == 4 and r["kept_low"] <= r["kept"] <= r["kept_high"]
         assert r["kept"] * 4 == pytest.approx(round(r["kept"] * 4))
+        assert 0 <= r["quiet_positions"] <= 4
+
+
+def test_quiet_positions_are_those_without_a_win_in_one_or_a_threat_to_block():
+    # Player 1 to move with three in the bottom row; player 2 to move facing it; then a calm opening.
+    assert not judge.JudgedPosition((0, 6, 1, 6, 2, 5), (0,) * 7).quiet
+    assert not judge.JudgedPosition((0, 6, 1, 6, 2), (0,) * 7).quiet
+    assert judge.JudgedPosition((3, 3, 2, 4), (0,) * 7).quiet
+    # Win/block keeps every tactical position's value by construction; its quiet-position rate is random play's.
+    found = judge.sample_positions(16, seed=5, stones=LATE, cache_dir=None).positions
+    kept = judge.score(scripted_policy(win_block_player, np.random.default_rng(0)), found)
+    assert all(kept[i] for i, p in enumerate(found) if not p.quiet)

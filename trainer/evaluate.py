@@ -85,16 +85,21 @@ def judge_players(net: nn.Module, positions: int, seed: int = 0, search: int = 0
                   cache_dir: Path | None = judge.CACHE_DIR) -> dict[str, dict[str, float]]:
     """On ``positions`` judged positions (``trainer.judge``, from ``seed``): the fraction where the agent's move
     (greedy, or a ``search``-simulation search) keeps the value, with its 95% Wilson interval, and the same for the
-    scripted players as yardsticks; ``skipped``/``sampled`` say how the set was drawn."""
+    scripted players as yardsticks; ``quiet_*`` the same on the quiet positions alone (no win in one, no threat
+    to block); ``skipped``/``sampled`` say how the set was drawn."""
     found = judge.sample_positions(positions, seed, stones, cache_dir=cache_dir)
+    quiet = np.array([p.quiet for p in found.positions], dtype=bool)
     rng = np.random.default_rng(seed)
     players = {"agent": search_policy(net, search) if search else net_policy(net, greedy=True),
                **{name: scripted_policy(player, rng) for name, player in BASELINES.items()}}
     results = {}
     for name, policy in players.items():
         kept = judge.score(policy, found.positions)
-        low, high = wilson_interval(kept, positions)
-        results[name] = {"kept": kept / positions, "kept_low": low, "kept_high": high, "positions": positions,
+        low, high = wilson_interval(int(kept.sum()), positions)
+        quiet_low, quiet_high = wilson_interval(int(kept[quiet].sum()), int(quiet.sum()))
+        results[name] = {"kept": float(kept.mean()), "kept_low": low, "kept_high": high, "positions": positions,
+                         "quiet_kept": float(kept[quiet].mean()) if quiet.any() else float("nan"),
+                         "quiet_low": quiet_low, "quiet_high": quiet_high, "quiet_positions": int(quiet.sum()),
                          "skipped": found.skipped, "sampled": found.sampled}
     return results
 
@@ -166,7 +171,9 @@ def _print_judge(args: argparse.Namespace, net: nn.Module) -> None:
     for name, r in results.items():
         who = f"{args.player} ({args.version}, {how})" if name == "agent" else name
         print(f"  {who} keeps the value in {r['kept']:.1%} of {args.judge} positions "
-              f"[{r['kept_low']:.1%}, {r['kept_high']:.1%}] (95% Wilson interval)")
+              f"[{r['kept_low']:.1%}, {r['kept_high']:.1%}] (95% Wilson interval); in {r['quiet_kept']:.1%} of "
+              f"the {r['quiet_positions']} quiet ones [{r['quiet_low']:.1%}, {r['quiet_high']:.1%}]")
+    print("  (quiet: no win in one and no threat to block, where winning and blocking alone do not find the move)")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from league.connect4 import COLS, VecConnectFour
-from league.solver import NodeLimitExceeded, Solver, from_moves, is_open, is_winning_move, play
+from league.solver import NodeLimitExceeded, Solver, from_moves, is_open, is_winning_move, play, playable, winning_cells
 from workers.play import Policy
 
 STONES = (12, 30)  # stones played before a judged position; see docs/trainer.md for why this range
@@ -40,6 +40,13 @@ class JudgedPosition:
     def keeps(self, col: int) -> bool:
         """Whether playing ``col`` keeps the position's value."""
         return self.values[col] == max(v for v in self.values if v is not None)
+
+    @property
+    def quiet(self) -> bool:
+        """No win in one for the mover and no immediate threat to block: the win/block player's rules say
+        nothing here, so keeping the value takes planning, not tactics."""
+        current, mask, _ = from_moves(self.moves)
+        return not (winning_cells(current, mask) | winning_cells(current ^ mask, mask)) & playable(mask)
 
 
 @dataclass
@@ -102,8 +109,8 @@ def _solve(moves: tuple[int, ...], node_limit: int) -> tuple[int | None, ...] | 
     return tuple(values.get(c) for c in range(COLS))
 
 
-def score(policy: Policy, positions: Sequence[JudgedPosition]) -> int:
-    """How many of ``positions`` the policy's move (one batched call over all of them) keeps the value in."""
+def score(policy: Policy, positions: Sequence[JudgedPosition]) -> np.ndarray:
+    """Per position, whether the policy's move (one batched call over all of them) keeps the value (bool)."""
     env = VecConnectFour(len(positions))
     longest = max((len(p.moves) for p in positions), default=0)
     for t in range(longest):
@@ -111,7 +118,7 @@ def score(policy: Policy, positions: Sequence[JudgedPosition]) -> int:
         env.step(np.array([positions[i].moves[t] for i in ids], dtype=np.int64), ids)
     ids = np.arange(len(positions))
     actions, _, _ = policy(env, ids, env.planes(ids), env.legal_mask(ids))
-    return sum(p.keeps(int(a)) for p, a in zip(positions, actions, strict=True))
+    return np.array([p.keeps(int(a)) for p, a in zip(positions, actions, strict=True)], dtype=bool)
 
 
 class _Cache:
