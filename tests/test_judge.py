@@ -10,7 +10,7 @@ from league.baselines import random_player, win_block_player
 from league.model import PolicyNet
 from league.solver import Solver, from_moves, perfect_player
 from trainer import judge
-from trainer.evaluate import judge_players
+from trainer.evaluate import judge_players, main
 from workers.play import scripted_policy
 
 LATE = (22, 30)
@@ -91,3 +91,9 @@ def test_quiet_positions_are_those_without_a_win_in_one_or_a_threat_to_block():
     found = judge.sample_positions(16, seed=5, stones=LATE, cache_dir=None).positions
     kept = judge.score(scripted_policy(win_block_player, np.random.default_rng(0)), found)
     assert all(kept[i] for i, p in enumerate(found) if not p.quiet)
+
+
+def test_command_rejects_a_negative_judge_count(capsys):
+    with pytest.raises(SystemExit):
+        main(["--run-dir", "nowhere", "--judge", "-1"])
+    assert "--judge" in capsys.readouterr().err
