@@ -51,6 +51,8 @@ class JudgedPosition:
 
 @dataclass
 class PositionSet:
+    """The judged positions and how they were drawn (what was skipped is reported, never hidden)."""
+
     positions: list[JudgedPosition]
     skipped: int   # positions whose solve exceeded the node limit
     sampled: int   # positions solved (or skipped) to find these: the others' choice did not matter
