@@ -4,10 +4,14 @@
     python -m trainer.evaluate --run-dir runs/demo --player main_exploiter_0 --games 500
     python -m trainer.evaluate --run-dir runs/demo --search 64                 # the agent plays with a PUCT search
     python -m trainer.evaluate --run-dir runs/demo --opponents mcts100,mcts1000 --games 50   # OpenSpiel's MCTS
+    python -m trainer.evaluate --run-dir runs/demo --judge 200      # a perfect solver judges 200 positions instead
 
 Opponents: the game's scripted players (Connect Four: ``random``, ``winblock``: win if you can, block if you must)
 and, for Connect Four with the ``openspiel`` extra installed, ``mcts<N>``: OpenSpiel's MCTSBot with N simulations
 and random rollouts, a reference nobody in this project wrote.
+
+``--judge N`` plays no games: on N Connect Four positions from random play where the choice matters, it counts how
+often the agent's move keeps the game-theoretic value (``trainer.judge``), and the same for win/block and random.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 from torch import nn
@@ -23,6 +28,7 @@ from torch import nn
 from league.baselines import BASELINES
 from league.constants import DEFAULT_PLAYER
 from league.games import CONNECT4, Game, get_game
+from trainer import judge
 from trainer.openspiel_bots import is_mcts, mcts_policy
 from trainer.policy import load_net
 from trainer.rundir import RunDir
@@ -74,6 +80,30 @@ def evaluate(net: nn.Module, game: Game = CONNECT4, games_per_seat: int = 1000, 
     return results
 
 
+def judge_players(net: nn.Module, positions: int, seed: int = 0, search: int = 0,
+                  stones: tuple[int, int] = judge.STONES,
+                  cache_dir: Path | None = judge.CACHE_DIR) -> dict[str, dict[str, float]]:
+    """On ``positions`` judged positions (``trainer.judge``, from ``seed``): the fraction where the agent's move
+    (greedy, or a ``search``-simulation search) keeps the value, with its 95% Wilson interval, and the same for the
+    scripted players as yardsticks; ``quiet_*`` the same on the quiet positions alone (no win in one, no threat
+    to block); ``skipped``/``sampled`` say how the set was drawn."""
+    found = judge.sample_positions(positions, seed, stones, cache_dir=cache_dir)
+    quiet = np.array([p.quiet for p in found.positions], dtype=bool)
+    rng = np.random.default_rng(seed)
+    players = {"agent": search_policy(net, search) if search else net_policy(net, greedy=True),
+               **{name: scripted_policy(player, rng) for name, player in BASELINES.items()}}
+    results = {}
+    for name, policy in players.items():
+        kept = judge.score(policy, found.positions)
+        low, high = wilson_interval(int(kept.sum()), positions)
+        quiet_low, quiet_high = wilson_interval(int(kept[quiet].sum()), int(quiet.sum()))
+        results[name] = {"kept": float(kept.mean()), "kept_low": low, "kept_high": high, "positions": positions,
+                         "quiet_kept": float(kept[quiet].mean()) if quiet.any() else float("nan"),
+                         "quiet_low": quiet_low, "quiet_high": quiet_high, "quiet_positions": int(quiet.sum()),
+                         "skipped": found.skipped, "sampled": found.sampled}
+    return results
+
+
 class _Timed:
     """Wraps a policy, adding up the time its batched calls take."""
 
@@ -99,13 +129,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="play with a PUCT search of N simulations per move (Connect Four; default 0: the net)")
     parser.add_argument("--opponents", default=None,
                         help="comma-separated: random, winblock, mcts<N> (default: the game's scripted players)")
+    parser.add_argument("--judge", type=int, default=0, metavar="N",
+                        help="instead of games: judge the agent's moves on N positions with a perfect solver "
+                             "(Connect Four; positions cached in ~/.cache/policystore/judge)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
-    if args.games < 1 or args.search < 0:
-        parser.error("--games must be >= 1 and --search >= 0")
+    if args.games < 1 or args.search < 0 or args.judge < 0:
+        parser.error("--games must be >= 1, --search and --judge >= 0")
     version = args.version if args.version == "latest" else int(args.version)
     net = load_net(args.run_dir, args.player, version)
+    if args.judge:
+        _print_judge(args, net)
+        return
     opponents = tuple(args.opponents.split(",")) if args.opponents else None
     results = evaluate(net, get_game(RunDir(args.run_dir).load_config().game), args.games, args.seed, args.search,
                        opponents)
@@ -118,6 +154,26 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  vs {name:9s} win {r['win']:6.1%} [{r['win_low']:.1%}, {r['win_high']:.1%}]  draw {r['draw']:6.1%}"
               f"  loss {r['loss']:6.1%}   (win moving first {r['win_first']:.1%}, second {r['win_second']:.1%};"
               f" {r['ms_per_batch_move']:.1f} ms per batched move)")
+
+
+
+def _print_judge(args: argparse.Namespace, net: nn.Module) -> None:
+    if RunDir(args.run_dir).load_config().game != CONNECT4.name:
+        raise SystemExit("--judge solves Connect Four positions only")
+    results = judge_players(net, args.judge, args.seed, args.search)
+    if args.json:
+        print(json.dumps({"player": args.player, "version": args.version, "search": args.search, "judge": results}))
+        return
+    how = f"with a {args.search}-simulation search" if args.search else "greedy"
+    first = next(iter(results.values()))
+    print(f"a perfect solver's judgement on {args.judge} positions from random play where the choice matters "
+          f"(seed {args.seed}; {first['sampled']} drawn, {first['skipped']} skipped as too slow to solve):")
+    for name, r in results.items():
+        who = f"{args.player} ({args.version}, {how})" if name == "agent" else name
+        print(f"  {who} keeps the value in {r['kept']:.1%} of {args.judge} positions "
+              f"[{r['kept_low']:.1%}, {r['kept_high']:.1%}] (95% Wilson interval); in {r['quiet_kept']:.1%} of "
+              f"the {r['quiet_positions']} quiet ones [{r['quiet_low']:.1%}, {r['quiet_high']:.1%}]")
+    print("  (quiet: no win in one and no threat to block, where winning and blocking alone do not find the move)")
 
 
 if __name__ == "__main__":
