@@ -6,7 +6,7 @@ from league.connect4 import COLS, NUM_PLANES, ROWS, VecConnectFour
 from league.pettingzoo_adapter import PETTINGZOO_PREFIX, pettingzoo_game
 from league.vecgame import Game
 
-CONNECT4 = Game("connect4", VecConnectFour, (NUM_PLANES, ROWS, COLS), COLS, ("random", "winblock"))
+CONNECT4 = Game("connect4", VecConnectFour, (NUM_PLANES, ROWS, COLS), COLS, ("random", "winblock"), mirrored=True)
 
 
 def get_game(name: str) -> Game:

@@ -40,6 +40,9 @@ class Game:
     plane_shape: tuple[int, ...]
     num_actions: int
     baselines: tuple[str, ...]         # scripted opponents for evaluation (league.baselines)
+    # Left-right symmetric rules: a position with its planes' last axis reversed is as good as the original, with
+    # move a there being num_actions - 1 - a here (Connect Four's mirror). Rollouts may then train on both.
+    mirrored: bool = False
 
     def net(self, hidden: int) -> PolicyNet:
         return PolicyNet(hidden, self.plane_shape, self.num_actions)

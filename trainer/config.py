@@ -30,6 +30,7 @@ class TrainConfig:
     league: LeagueConfig = field(default_factory=LeagueConfig)
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=4, batch=8192, minibatch=2048))
     publish_every: int = 1           # learner updates between published versions
+    mirror: bool = True              # learners train on randomly mirrored positions (left-right symmetric games)
     weights: str = STORE             # workers' policies: store views; PRIVATE copies (benchmark only)
     learner_cpus: float = 0.25       # Ray resources per learner shard (they only reserve, not limit)
     learner_gpus: float = 0.0        # per shard; fractions let shards share one GPU

@@ -63,7 +63,8 @@ class Trainer:
             for i, name in enumerate(ray.get(self.league.trainable.remote()))}
         # The league has the learners publish the main agents' first snapshots before any match needs them.
         ray.get(self.league.serve.remote(self.learners))
-        worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights, game=c.game)
+        worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights, game=c.game,
+                                     mirror=c.mirror)
         worker = ray.remote(RolloutWorker)
         self.workers = [worker.options(num_cpus=c.worker_cpus).remote(
             self.league, self.learners, worker_config, c.seed * 1000 + i) for i in range(c.workers)]

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 
@@ -33,6 +34,7 @@ class WorkerConfig:
     weights: str = STORE        # PRIVATE: copy every policy into the worker (benchmark comparison only)
     game: str = CONNECT4.name
     module_cache: int = 16      # modules (views) kept per worker
+    mirror: bool = True         # learners' moves on randomly mirrored positions (games with Game.mirrored)
 
 
 class RolloutWorker:
@@ -45,6 +47,7 @@ class RolloutWorker:
         self.modules = SnapshotModules(self.store, lambda: game.net(hidden), config.weights, config.module_cache)
         self.env = game.make(config.games_per_match)
         self.generator = torch.Generator().manual_seed(seed)
+        self.mirror_rng = np.random.default_rng(seed) if config.mirror and game.mirrored else None
         self.in_flight: dict[str, ray.ObjectRef] = {}
         self.steps = 0
         self.matches = 0
@@ -60,7 +63,8 @@ class RolloutWorker:
             opponent = net_policy(self.modules.get(match.opponent, frozen=match.frozen), self.generator)
             record = (True, False)
         start = time.perf_counter()
-        outcome = play(self.env, (policy, opponent), record, self.config.gamma, self.config.gae_lambda)
+        outcome = play(self.env, (policy, opponent), record, self.config.gamma, self.config.gae_lambda,
+                       self.mirror_rng)
         self.play_seconds += time.perf_counter() - start
         previous = self.in_flight.get(match.learner)
         if previous is not None:

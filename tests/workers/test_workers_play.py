@@ -4,9 +4,9 @@ import numpy as np
 import torch
 
 from league.baselines import random_player
-from league.connect4 import VecConnectFour, observation_planes
+from league.connect4 import ROWS, VecConnectFour, observation_planes
 from league.model import PolicyNet
-from workers.play import net_policy, play, scripted_policy
+from workers.play import mirror, net_policy, play, scripted_policy
 
 
 def test_play_records_only_the_learner_side_with_terminal_rewards():
@@ -72,3 +72,66 @@ def test_a_net_policy_over_store_views_runs_its_forward_without_the_guards_dispa
     assert net.seen is SharedTensor  # called directly: guarded
     net_policy(net)(env, ids, observation_planes(env, ids), env.legal_mask(ids))
     assert net.seen is torch.Tensor
+
+
+def random_boards(n: int, seed: int) -> VecConnectFour:
+    """``n`` positions reached by random play (some games over, most still running)."""
+    env, rng = VecConnectFour(n), np.random.default_rng(seed)
+    for _ in range(rng.integers(5, 25)):
+        ids = np.flatnonzero(~env.done)
+        env.step(random_player(env, ids, rng), ids)
+    return env
+
+
+def test_a_mirrored_position_is_the_mirror_of_the_position_in_every_plane_and_legal_column():
+    env = random_boards(200, 0)
+    ids = np.flatnonzero(~env.done)
+    flipped = VecConnectFour.from_boards(env.boards[ids, :, ::-1], env.to_move[ids])
+    every = np.ones(ids.size, dtype=bool)
+    planes, legal = mirror(observation_planes(env, ids), env.legal_mask(ids), every)
+    assert (planes == observation_planes(flipped, np.arange(ids.size))).all()   # threat planes included
+    assert (legal == flipped.legal_mask()).all()
+    none = ~every
+    same, same_legal = mirror(observation_planes(env, ids), env.legal_mask(ids), none)
+    assert (same == observation_planes(env, ids)).all() and (same_legal == env.legal_mask(ids)).all()
+
+
+def leftmost(seen: list):
+    """A recorded policy that plays the leftmost legal column of the position it is shown (and keeps it)."""
+    def policy(env, ids, planes, legal):
+        seen.append((env.boards[ids].copy(), planes.copy()))
+        a = legal.argmax(axis=1)
+        return a, np.zeros(ids.size, np.float32), np.zeros(ids.size, np.float32)
+    return policy
+
+
+def test_mirrored_rollouts_record_what_the_net_saw_and_play_the_mirrored_move():
+    env = VecConnectFour(256)
+    seen: list = []
+    out = play(env, (leftmost(seen), scripted_policy(random_player, np.random.default_rng(1))),
+               record=(True, False), mirror_rng=np.random.default_rng(2))
+    b = out.batch
+    # The recorded sample is the position as the net saw it: its legal columns are its playable plane's, and
+    # the recorded move is the net's own (leftmost there), never the column the env got.
+    assert (b["planes"][:, 2].any(axis=1) == b["legal"]).all()
+    assert (b["actions"] == b["legal"].argmax(axis=1)).all()
+    # Each position shown is the real one or its mirror, and both occur.
+    boards, planes = (np.concatenate(x) for x in zip(*seen))
+    real = observation_planes(VecConnectFour.from_boards(boards), np.arange(len(boards)))
+    flipped = (planes == real[..., ::-1]).all(axis=(1, 2, 3)) & ~(planes == real).all(axis=(1, 2, 3))
+    assert ((planes == real).all(axis=(1, 2, 3)) | flipped).all()
+    assert 0.4 < flipped.mean() < 0.6
+    # The env got the mirrored move: side 0's first move on the empty board (even games) is column 0 when the
+    # net saw the real board, column 6 when it saw the mirror; both happened.
+    first = env.boards[::2, ROWS - 1]
+    assert ((first[:, 0] == 1) | (first[:, 6] == 1)).all()
+    assert (first[:, 0] == 1).any() and (first[:, 6] == 1).any()
+
+
+def test_without_a_mirror_rng_a_recorded_side_sees_the_real_positions():
+    env = VecConnectFour(64)
+    seen: list = []
+    play(env, (leftmost(seen), scripted_policy(random_player, np.random.default_rng(1))), record=(True, False))
+    boards, planes = (np.concatenate(x) for x in zip(*seen))
+    assert (planes == observation_planes(VecConnectFour.from_boards(boards), np.arange(len(boards)))).all()
+    assert (env.boards[::2, ROWS - 1, 0] == 1).all()
