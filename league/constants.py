@@ -10,6 +10,7 @@ from __future__ import annotations
 
 MAIN, MAIN_EXPLOITER, LEAGUE_EXPLOITER = "main", "main_exploiter", "league_exploiter"
 HISTORICAL = "historical"  # a frozen snapshot of a trainable player
+SCRIPTED = "scripted"      # a scripted player (league.baselines) that main agents meet as a curriculum
 TRAINABLE_KINDS = (MAIN, MAIN_EXPLOITER, LEAGUE_EXPLOITER)
 
 FROZEN_META_KEY = "frozen"  # snapshot meta: True on frozen league snapshots, absent on live versions

@@ -4,7 +4,9 @@ Pure Python (no Ray, no torch) so that every rule is unit-tested; the trainer ru
 Rules (Vinyals et al. 2019, "Grandmaster level in StarCraft II using multi-agent reinforcement learning", and
 the pseudocode DeepMind published with it):
 
-* main agents: 50% PFSP-hard over all snapshots, 15% verification (snapshots of main exploiters they beat
+* main agents: a share of their matches (``scripted_share``) against the league's scripted players (a
+  curriculum: ``win if you can, block if you must`` punishes every missed win and block), else
+  50% PFSP-hard over all snapshots, 15% verification (snapshots of main exploiters they beat
   less than 30% of the time, then forgotten past selves under 70%), else self-play against a main agent
   (PFSP-var over its snapshots when losing to it: win rate <= 0.3). Snapshot every step budget, never reset.
 * main exploiters: play the main agents (PFSP-var over a main's snapshots when winning <= 10% against it);
@@ -30,6 +32,7 @@ from league.constants import (
     LEAGUE_EXPLOITER,
     MAIN,
     MAIN_EXPLOITER,
+    SCRIPTED,
     TRAINABLE_KINDS,
     player_name,
     snapshot_name,
@@ -52,6 +55,10 @@ class LeagueConfig:
     payoff_decay: float = 0.99
     elo_k: float = 16.0
     league_exploiter_reset_prob: float = 0.25
+    # Scripted players (league.baselines names) in the league, and the share of the main agents' matches
+    # against them (the rest follow the rules above). Rated and in the payoff table like every member.
+    scripted: tuple[str, ...] = ()
+    scripted_share: float = 0.0
     # Env steps the step budgets assume until the trainer measures the run's rate (after 20 s) and rescales them.
     # About a tenth of a default run (9 min at ~21,000 steps/s on 2 cores): short first budgets, so the first
     # seconds already give the main agents a few weak past selves to play.
@@ -68,6 +75,9 @@ class LeagueConfig:
             raise ValueError("main_share 1.0 leaves no steps for the exploiters")
         if min(self.main_snapshots, self.exploiter_snapshots, self.first_run_steps) < 1:
             raise ValueError("snapshot counts and first_run_steps must be >= 1")
+        self.scripted = tuple(self.scripted)  # a list when read back from JSON
+        if not 0.0 <= self.scripted_share < 1.0:
+            raise ValueError(f"scripted_share must lie in [0, 1), got {self.scripted_share}")
 
 
 @dataclass
@@ -75,6 +85,7 @@ class Match:
     learner: str        # the trainable player whose moves are trained on
     opponent: str       # a trainable player (its latest version) or a frozen snapshot
     frozen: bool        # True when the opponent is a frozen snapshot
+    scripted: bool = False  # True when the opponent is a scripted player (league.baselines), not a net
 
 
 @dataclass
@@ -120,6 +131,8 @@ class League:
                             (LEAGUE_EXPLOITER, c.league_exploiters)):
             for i in range(count):
                 self._add(PlayerState(player_name(kind, i), kind))
+        for name in c.scripted:
+            self._add(PlayerState(name, SCRIPTED))
         # The main agents' initial weights are the first snapshots (the league's opening curriculum).
         for name in self.of_kind(MAIN):
             self._request(name, reset=False)
@@ -179,7 +192,8 @@ class League:
             opponent = self._pfsp(learner, self.snapshots(), "hard") or self._choice(self.of_kind(MAIN))
         else:
             raise ValueError(f"{learner!r} is a frozen snapshot, not a trainable player")
-        return Match(learner, opponent, self.players[opponent].kind == HISTORICAL)
+        opponent_kind = self.players[opponent].kind
+        return Match(learner, opponent, opponent_kind == HISTORICAL, opponent_kind == SCRIPTED)
 
     def _choice(self, names: list[str]) -> str:
         return names[self.rng.integers(len(names))]
@@ -191,6 +205,9 @@ class League:
         return candidates[self.rng.choice(len(candidates), p=probs)]
 
     def _main_opponent(self, learner: str) -> str:
+        scripted = self.of_kind(SCRIPTED) if self.config.scripted_share else []
+        if scripted and self.rng.random() < self.config.scripted_share:
+            return self._choice(scripted)
         coin = self.rng.random()
         if coin < 0.5:
             chosen = self._pfsp(learner, self.snapshots(), "hard")

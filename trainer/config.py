@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from league.games import CONNECT4
+from league.games import CONNECT4, get_game
 from league.matchmaking import LeagueConfig
 from trainer.ppo import PPOConfig
 from workers.modules import STORE
@@ -52,6 +52,10 @@ class TrainConfig:
             raise ValueError("hidden and publish_every must be >= 1")
         if self.reference_games < 0:
             raise ValueError(f"reference_games must be >= 0, got {self.reference_games}")
+        if self.league.scripted:
+            available = get_game(self.game).baselines
+            if set(self.league.scripted) - set(available):
+                raise ValueError(f"scripted players {list(self.league.scripted)}: {self.game} has {list(available)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

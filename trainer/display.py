@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
+from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN, SCRIPTED
 from trainer.report import players_table, win_rates_text
 
 
@@ -23,8 +23,10 @@ def status_table(status: dict[str, Any], last_eval: dict[str, Any] | None) -> Ta
     table = Table(show_header=False, box=None, padding=(0, 2))
     summary = status["summary"]
     snapshots = sum(r["kind"] == HISTORICAL for r in summary)
+    scripted = sum(r["kind"] == SCRIPTED for r in summary)
     table.add_row("env steps", f"{status['steps']:,}  ({status['steps_per_s']:,.0f}/s)")
-    table.add_row("league", f"{len(summary) - snapshots} learning, {snapshots} frozen snapshots")
+    table.add_row("league", f"{len(summary) - snapshots - scripted} learning, {snapshots} frozen snapshots"
+                  + (f", {scripted} scripted" if scripted else ""))
     table.add_row("Elo (mains)", "  ".join(f"{r['name']} {r['elo']:.0f}" for r in summary if r["kind"] == MAIN))
     if last_eval:
         table.add_row(f"{DEFAULT_PLAYER} wins", f"{win_rates_text(last_eval)}   (at {last_eval['steps']:,} steps)")

@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.patches import Rectangle
 from rich.table import Table
 
-from league.constants import DEFAULT_PLAYER, HISTORICAL, is_frozen
+from league.constants import DEFAULT_PLAYER, HISTORICAL, SCRIPTED, TRAINABLE_KINDS, is_frozen
 from policystore import StoreStats
 from policystore.memory import MiB
 
@@ -65,9 +65,11 @@ def players_markdown(rows: list[dict[str, Any]], reference: dict[str, Any] | Non
 
 def league_columns(summary: list[dict[str, Any]]) -> list[str]:
     """The whole league, one lineage after another in the league's order (main agents, then exploiters): each
-    trainable player's snapshots in the order they were frozen, then the player as it is now."""
-    trainable = [r["name"] for r in summary if r["kind"] != HISTORICAL]
-    return [c for p in trainable for c in [r["name"] for r in summary if r["parent"] == p] + [p]]
+    trainable player's snapshots in the order they were frozen, then the player as it is now; the scripted
+    players last."""
+    trainable = [r["name"] for r in summary if r["kind"] in TRAINABLE_KINDS]
+    scripted = [r["name"] for r in summary if r["kind"] == SCRIPTED]
+    return [c for p in trainable for c in [r["name"] for r in summary if r["parent"] == p] + [p]] + scripted
 
 
 def count_text(n: int) -> str:
@@ -87,7 +89,7 @@ def payoff_heatmap(summary: list[dict[str, Any]], players: list[str], matrix: np
     plt = pyplot()
     elo = {r["name"]: r["elo"] for r in summary}
     index = {name: i for i, name in enumerate(players)}
-    rows = sorted((r["name"] for r in summary if r["kind"] != HISTORICAL), key=lambda p: -elo[p])
+    rows = sorted((r["name"] for r in summary if r["kind"] in TRAINABLE_KINDS), key=lambda p: -elo[p])
     cols = league_columns(summary)
     cells = np.ix_([index[r] for r in rows], [index[c] for c in cols])
     games = np.asarray(played)[cells].astype(np.int64)

@@ -18,11 +18,12 @@ import ray
 import torch
 
 import policystore
+from league.baselines import BASELINES
 from league.games import CONNECT4, get_game
 from league.matchmaking import Match, MatchResult
 from policystore.memory import MiB, process_pss_bytes
 from workers.modules import STORE, SnapshotModules
-from workers.play import net_policy, play
+from workers.play import net_policy, play, scripted_policy
 
 
 @dataclass
@@ -47,7 +48,8 @@ class RolloutWorker:
         self.modules = SnapshotModules(self.store, lambda: game.net(hidden), config.weights, config.module_cache)
         self.env = game.make(config.games_per_match)
         self.generator = torch.Generator().manual_seed(seed)
-        self.mirror_rng = np.random.default_rng(seed) if config.mirror and game.mirrored else None
+        self.rng = np.random.default_rng(seed)
+        self.mirror_rng = self.rng if config.mirror and game.mirrored else None
         self.in_flight: dict[str, ray.ObjectRef] = {}
         self.steps = 0
         self.matches = 0
@@ -56,7 +58,9 @@ class RolloutWorker:
     def play_match(self, match: Match) -> MatchResult:
         learner = self.modules.get(match.learner, frozen=False)
         policy = net_policy(learner, self.generator)
-        if match.opponent == match.learner:
+        if match.scripted:
+            opponent, record = scripted_policy(BASELINES[match.opponent], self.rng), (True, False)
+        elif match.opponent == match.learner:
             # Self-play: one policy for both sides (one forward pass per move), both sides' moves train it.
             opponent, record = policy, (True, True)
         else:

@@ -195,7 +195,33 @@ def test_league_config_rejects_bad_values():
         LeagueConfig(main_agents=0)
     with pytest.raises(ValueError, match="main_share"):
         LeagueConfig(main_share=1.5)
+    with pytest.raises(ValueError, match="scripted_share"):
+        LeagueConfig(scripted=("winblock",), scripted_share=1.0)
     with pytest.raises(ValueError, match="frozen snapshot"):
         league = League()
         serve(league)
         league.next_match("main_0.s0")
+
+
+def test_main_agents_meet_the_scripted_players_at_the_configured_share_and_no_one_else_does():
+    league = League(LeagueConfig(scripted=("winblock", "random"), scripted_share=0.2), seed=7)
+    serve(league)
+    c = counts(league, "main_0")
+    assert c["winblock"] / 4000 == pytest.approx(0.1, abs=0.02) and c["random"] / 4000 == pytest.approx(0.1, abs=0.02)
+    match = next(m for m in (league.next_match("main_0") for _ in range(100)) if m.opponent == "winblock")
+    assert match.scripted and not match.frozen
+    for player in ("main_exploiter_0", "league_exploiter_0"):
+        assert not {"winblock", "random"} & set(counts(league, player, 400))
+    # Scripted players are league members: rated, in the payoff table, never trainable, never snapshots.
+    league.report(MatchResult("main_0", "winblock", wins=9, draws=0, losses=1, steps=200))
+    assert league.payoff.win_rate("main_0", "winblock") > 0.5 and league.elo.ratings["winblock"] < 1000
+    assert "winblock" not in league.trainable() and "winblock" not in league.snapshots()
+    kinds = {r["name"]: r["kind"] for r in League.from_dict(json.loads(json.dumps(league.to_dict()))).summary()}
+    assert kinds["winblock"] == "scripted"
+
+
+def test_without_a_scripted_share_the_main_agents_matches_are_drawn_as_before():
+    plain, scripted = League(seed=8), League(LeagueConfig(scripted=("winblock",), scripted_share=0.0), seed=8)
+    serve(plain), serve(scripted)
+    assert [plain.next_match("main_0").opponent for _ in range(200)] == \
+        [scripted.next_match("main_0").opponent for _ in range(200)]

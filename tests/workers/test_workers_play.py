@@ -116,7 +116,7 @@ def test_mirrored_rollouts_record_what_the_net_saw_and_play_the_mirrored_move():
     assert (b["planes"][:, 2].any(axis=1) == b["legal"]).all()
     assert (b["actions"] == b["legal"].argmax(axis=1)).all()
     # Each position shown is the real one or its mirror, and both occur.
-    boards, planes = (np.concatenate(x) for x in zip(*seen))
+    boards, planes = (np.concatenate(x) for x in zip(*seen, strict=True))
     real = observation_planes(VecConnectFour.from_boards(boards), np.arange(len(boards)))
     flipped = (planes == real[..., ::-1]).all(axis=(1, 2, 3)) & ~(planes == real).all(axis=(1, 2, 3))
     assert ((planes == real).all(axis=(1, 2, 3)) | flipped).all()
@@ -132,6 +132,6 @@ def test_without_a_mirror_rng_a_recorded_side_sees_the_real_positions():
     env = VecConnectFour(64)
     seen: list = []
     play(env, (leftmost(seen), scripted_policy(random_player, np.random.default_rng(1))), record=(True, False))
-    boards, planes = (np.concatenate(x) for x in zip(*seen))
+    boards, planes = (np.concatenate(x) for x in zip(*seen, strict=True))
     assert (planes == observation_planes(VecConnectFour.from_boards(boards), np.arange(len(boards)))).all()
     assert (env.boards[::2, ROWS - 1, 0] == 1).all()
