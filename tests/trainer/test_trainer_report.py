@@ -74,6 +74,20 @@ def test_heatmap_rows_are_the_training_players_against_the_whole_league_in_order
     assert {"75", "50", "40"} <= counts  # a rate and the games played in the cells that met
 
 
+def test_scripted_players_are_columns_of_the_heatmap_never_rows(tmp_path, monkeypatch):
+    league = League(LeagueConfig(main_exploiters=0, league_exploiters=0, scripted=("winblock",),
+                                 scripted_share=0.5))
+    for request in league.pop_requests():
+        league.add_snapshot(request)
+    play(league, "main_0", "winblock", 30, 10)
+    shown = spy(monkeypatch, "imshow")
+    report.payoff_heatmap(league.summary(), *league.payoff_matrix(), tmp_path / "payoff.png")
+    ((ax, (data,), _),) = shown
+    assert [t.get_text().split()[0] for t in ax.get_yticklabels()] == ["main_0"]
+    assert [t.get_text().split()[0] for t in ax.get_xticklabels()] == ["main_0.s0", "main_0", "winblock"]
+    assert np.ma.filled(data, np.nan)[0, 2] == 0.75
+
+
 def test_game_counts_stay_short():
     assert [report.count_text(n) for n in (7, 512, 5120, 51_200, 1_234_567)] == ["7", "512", "5.1k", "51k", "1.2M"]
 
