@@ -39,3 +39,20 @@ def test_unknown_keys_and_bad_values_are_refused():
         TrainConfig(minutes=0)
     with pytest.raises(ValueError, match="reference_games"):
         TrainConfig(reference_games=-1)
+
+
+def test_a_config_written_before_mirroring_and_scripted_players_still_loads(tmp_path):
+    data = TrainConfig().to_dict()
+    data.pop("mirror")
+    for key in ("scripted", "scripted_share"):
+        data["league"].pop(key)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert RunDir(tmp_path).load_config() == TrainConfig()
+
+
+def test_scripted_league_members_must_be_the_games_scripted_players(tmp_path):
+    config = TrainConfig(league=LeagueConfig(scripted=("winblock",), scripted_share=0.1))
+    rd, saved = prepare_run_dir(tmp_path / "run", config, resume=False)
+    assert RunDir(tmp_path / "run").load_config().league.scripted == ("winblock",)
+    with pytest.raises(ValueError, match="scripted players"):
+        TrainConfig(league=LeagueConfig(scripted=("perfect",), scripted_share=0.1))
