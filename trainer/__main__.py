@@ -16,15 +16,17 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from league.matchmaking import LeagueConfig
+from league.games import CONNECT4
 from trainer.config import DEFAULT_MINUTES, TrainConfig
 from trainer.run import train
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    d, dl = TrainConfig(), LeagueConfig()
+    d = TrainConfig()
+    dl = d.league
     p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="where config, league state, store spill files, "
@@ -49,6 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reference-games", type=int, default=d.reference_games,
                    help="games per seat for each point of main_0 against OpenSpiel's MCTS(100), played after "
                    f"training (default {d.reference_games}; 0: skip)")
+    p.add_argument("--scripted-share", type=float, default=dl.scripted_share,
+                   help=f"share of the main agents' matches against the scripted {', '.join(dl.scripted)} player "
+                   f"(Connect Four; default {dl.scripted_share:g}; 0: none)")
+    p.add_argument("--no-mirror", action="store_true",
+                   help="train on the positions as played, not on randomly mirrored ones")
+    p.add_argument("--ppo-epochs", type=int, default=d.ppo.epochs,
+                   help=f"PPO epochs per batch (default {d.ppo.epochs})")
     p.add_argument("--seed", type=int, default=d.seed)
     return p.parse_args(argv)
 
@@ -58,12 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         train(args.run_dir, resume=True, minutes=args.minutes)
         return 0
+    d = TrainConfig()
+    # The scripted players are Connect Four's: other games train without the curriculum.
+    connect4 = args.game == CONNECT4.name
     config = TrainConfig(
         minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, game=args.game, seed=args.seed,
         workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
         learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus, reference_games=args.reference_games,
-        league=LeagueConfig(main_agents=args.main_agents, main_exploiters=args.main_exploiters,
-                            league_exploiters=args.league_exploiters))
+        mirror=not args.no_mirror, ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs),
+        league=dataclasses.replace(d.league, main_agents=args.main_agents, main_exploiters=args.main_exploiters,
+                                   league_exploiters=args.league_exploiters,
+                                   scripted=d.league.scripted if connect4 and args.scripted_share else (),
+                                   scripted_share=args.scripted_share if connect4 else 0.0))
     train(args.run_dir, config)
     return 0
 

@@ -27,7 +27,8 @@ class TrainConfig:
     workers: int = 1
     games_per_match: int = 512
     hidden: int = 128
-    league: LeagueConfig = field(default_factory=LeagueConfig)
+    # Main agents meet the win/block player in a share of their matches (a curriculum; see docs/trainer.md).
+    league: LeagueConfig = field(default_factory=lambda: LeagueConfig(scripted=("winblock",), scripted_share=0.15))
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=4, batch=8192, minibatch=2048))
     publish_every: int = 1           # learner updates between published versions
     mirror: bool = True              # learners train on randomly mirrored positions (left-right symmetric games)

@@ -117,3 +117,23 @@ def test_league_has_learners_publish_its_snapshots_without_the_driver(store, tmp
         snap = store.get(row["name"])
         assert snap.meta[FROZEN_META_KEY] is True and snap.meta["player"] == row["parent"]
         assert any(i.id == snap.id and i.on_disk for i in store.list(row["name"]))
+
+
+def test_worker_plays_a_scripted_league_member_without_a_net(store, tmp_path):
+    config = LeagueConfig(main_exploiters=0, league_exploiters=0, scripted=("winblock",), scripted_share=0.5)
+    league = ray.remote(LeagueActor).options(num_cpus=0).remote(config, 0)
+    learners = {"main_0": shard("main_0", tmp_path)}
+    ray.get(league.serve.remote(learners))
+    worker = ray.remote(RolloutWorker).options(num_cpus=0.1).remote(
+        league, learners, WorkerConfig(games_per_match=64, hidden=HIDDEN), 0)
+    match = ray.get(league.next_match.remote("main_0"))
+    while not match.scripted:
+        match = ray.get(league.next_match.remote("main_0"))
+    assert match.opponent == "winblock" and not match.frozen
+    result = ray.get(worker.play_match.remote(match))
+    assert (result.opponent, result.wins + result.draws + result.losses) == ("winblock", 64)
+    ray.get(league.report.remote(result))
+    players, _, played = ray.get(league.payoff_matrix.remote())
+    assert played[players.index("main_0"), players.index("winblock")] == 64
+    # The scripted player is no store policy: the worker built no module for it.
+    assert {m["policy"] for m in ray.get(worker.module_report.remote())} == {"main_0"}
