@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reference-games", type=int, default=d.reference_games,
                    help="games per seat for each point of main_0 against OpenSpiel's MCTS(100), played after "
                    f"training (default {d.reference_games}; 0: skip)")
+    p.add_argument("--main-share", type=float, default=dl.main_share,
+                   help=f"share of all env steps the main agents get (default {dl.main_share:g}); exploiters: the rest")
     p.add_argument("--scripted-share", type=float, default=dl.scripted_share,
                    help=f"share of the main agents' matches against the scripted {', '.join(dl.scripted)} player "
                    f"(Connect Four; default {dl.scripted_share:g}; 0: none)")
@@ -62,24 +64,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.resume:
-        train(args.run_dir, resume=True, minutes=args.minutes)
-        return 0
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The run's config: the defaults with what the command line sets. The scripted players are Connect Four's,
+    so other games train without the curriculum."""
     d = TrainConfig()
-    # The scripted players are Connect Four's: other games train without the curriculum.
     connect4 = args.game == CONNECT4.name
-    config = TrainConfig(
+    return TrainConfig(
         minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, game=args.game, seed=args.seed,
         workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
         learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus, reference_games=args.reference_games,
         mirror=not args.no_mirror, ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs),
         league=dataclasses.replace(d.league, main_agents=args.main_agents, main_exploiters=args.main_exploiters,
-                                   league_exploiters=args.league_exploiters,
+                                   league_exploiters=args.league_exploiters, main_share=args.main_share,
                                    scripted=d.league.scripted if connect4 and args.scripted_share else (),
                                    scripted_share=args.scripted_share if connect4 else 0.0))
-    train(args.run_dir, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.resume:
+        train(args.run_dir, resume=True, minutes=args.minutes)
+        return 0
+    train(args.run_dir, config_from_args(args))
     return 0
 
 

@@ -1,5 +1,6 @@
 """The run configuration: saved and loaded as JSON, old run directories still load, bad values are refused."""
 
+import dataclasses
 import json
 
 import pytest
@@ -47,7 +48,10 @@ def test_a_config_written_before_mirroring_and_scripted_players_still_loads(tmp_
     for key in ("scripted", "scripted_share"):
         data["league"].pop(key)
     (tmp_path / "config.json").write_text(json.dumps(data))
-    assert RunDir(tmp_path).load_config() == TrainConfig()
+    loaded = RunDir(tmp_path).load_config()
+    # It resumes mirrored, and without scripted players, as its saved league has none.
+    assert loaded.mirror and loaded.league.scripted == () and loaded.league.scripted_share == 0.0
+    assert dataclasses.replace(loaded, league=TrainConfig().league) == TrainConfig()
 
 
 def test_scripted_league_members_must_be_the_games_scripted_players(tmp_path):
@@ -56,3 +60,16 @@ def test_scripted_league_members_must_be_the_games_scripted_players(tmp_path):
     assert RunDir(tmp_path / "run").load_config().league.scripted == ("winblock",)
     with pytest.raises(ValueError, match="scripted players"):
         TrainConfig(league=LeagueConfig(scripted=("perfect",), scripted_share=0.1))
+
+
+def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_it():
+    from trainer.__main__ import config_from_args, parse_args
+
+    assert config_from_args(parse_args(["--run-dir", "r"])) == TrainConfig()
+    off = config_from_args(parse_args(["--run-dir", "r", "--scripted-share", "0", "--no-mirror", "--ppo-epochs",
+                                       "3", "--main-share", "0.5"]))
+    assert (off.league.scripted, off.league.scripted_share, off.mirror, off.ppo.epochs, off.league.main_share) == \
+        ((), 0.0, False, 3, 0.5)
+    # Another game: no Connect Four scripted players in its league (its config is not even checked for them).
+    other = config_from_args(parse_args(["--run-dir", "r", "--game", "pettingzoo:tictactoe_v3"]))
+    assert other.league.scripted == () and other.league.scripted_share == 0.0
