@@ -27,9 +27,12 @@ class TrainConfig:
     workers: int = 1
     games_per_match: int = 512
     hidden: int = 128
-    # Main agents meet the win/block player in a share of their matches (a curriculum; see docs/trainer.md).
-    league: LeagueConfig = field(default_factory=lambda: LeagueConfig(scripted=("winblock",), scripted_share=0.15))
-    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=4, batch=8192, minibatch=2048))
+    # The default run's league: the main agent gets 80% of the env steps and meets the win/block player in 15% of
+    # its matches (a curriculum); its PPO does 2 epochs per batch. Measured in docs/trainer.md, "What each lever
+    # bought".
+    league: LeagueConfig = field(default_factory=lambda: LeagueConfig(main_share=0.8, scripted=("winblock",),
+                                                                      scripted_share=0.15))
+    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=2, batch=8192, minibatch=2048))
     publish_every: int = 1           # learner updates between published versions
     mirror: bool = True              # learners train on randomly mirrored positions (left-right symmetric games)
     weights: str = STORE             # workers' policies: store views; PRIVATE copies (benchmark only)

@@ -28,7 +28,7 @@ def test_a_config_written_before_first_run_steps_still_loads(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(data))
     loaded = RunDir(tmp_path).load_config()
     assert loaded == TrainConfig()
-    assert League(loaded.league).budgets["main_0"] == int(1_000_000 * 0.6 / 10)
+    assert League(loaded.league).budgets["main_0"] == int(1_000_000 * 0.8 / 10)
 
 
 def test_unknown_keys_and_bad_values_are_refused():
