@@ -83,27 +83,30 @@ def start_league(tmp_path, mode: str, first_run_steps: int = 1_000_000):
     names = ray.get(league.trainable.remote())
     learners = {n: shard(n, tmp_path / mode) for n in names}
     assert ray.get(league.serve.remote(learners)) == ["main_0.s0"]  # published before any match needs it
-    worker = ray.remote(RolloutWorker).options(num_cpus=0.1).remote(
+    return league, learners, rollout_worker(league, learners, mode)
+
+
+def rollout_worker(league, learners, mode: str):
+    return ray.remote(RolloutWorker).options(num_cpus=0.1).remote(
         league, learners, WorkerConfig(games_per_match=64, hidden=HIDDEN, weights=mode), 0)
-    return league, learners, worker
 
 
-@pytest.mark.parametrize("mode", ["store", "private"])
-def test_worker_plays_league_matches_and_feeds_learners(store, tmp_path, mode):
-    league, learners, worker = start_league(tmp_path, mode)
-    stats = ray.get(worker.run.remote(3.0))
-    assert stats["matches"] >= 3 and stats["steps"] > 0
+def test_workers_play_league_matches_and_feed_learners_with_views_or_private_copies(store, tmp_path):
+    """Two workers on one league at once, one per way to hold weights: both feed the learners; the store worker's
+    policies are all views into the node store, the private one's are all its own copies."""
+    league, learners, viewer = start_league(tmp_path, "store")
+    copier = rollout_worker(league, learners, "private")
+    played = dict(zip(("store", "private"), ray.get([w.run.remote(3.0) for w in (viewer, copier)]), strict=True))
+    assert all(stats["matches"] >= 3 and stats["steps"] > 0 for stats in played.values()), played
     summary = ray.get(league.summary.remote())
-    assert sum(r["steps"] for r in summary if r["kind"] != HISTORICAL) == stats["steps"]
+    assert sum(r["steps"] for r in summary if r["kind"] != HISTORICAL) == sum(s["steps"] for s in played.values())
     samples = ray.get([learner.stats.remote() for learner in learners.values()])
     assert sum(s["updates"] for s in samples) > 0                       # trajectories reached the learners
-    modules = ray.get(worker.module_report.remote())
-    assert modules
-    if mode == "store":
-        # Every policy the worker played, frozen opponents included, is a view into the node store.
-        assert all(m["shared"] for m in modules)
-    else:
-        assert not any(m["shared"] for m in modules)
+    views, copies = ray.get([viewer.module_report.remote(), copier.module_report.remote()])
+    assert views and copies
+    # Every policy the store worker played, frozen opponents included, is a view into the node store.
+    assert all(m["shared"] for m in views)
+    assert not any(m["shared"] for m in copies)
 
 
 def test_league_has_learners_publish_its_snapshots_without_the_driver(store, tmp_path):
