@@ -56,12 +56,7 @@ class S3Gate:
         with self._lock:
             self.mode = mode
             sockets, self._sockets = self._sockets, []
-        for s in sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+        close_all(sockets)
         if mode == "down" and self._listener is not None:
             try:
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (close alone does not)
@@ -120,6 +115,16 @@ class S3Gate:
             pass
         finally:
             client.close()
+
+
+def close_all(sockets: list[socket.socket]) -> None:
+    """Shut down and close every socket: a peer blocked on one of them wakes up with an error."""
+    for s in sockets:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:

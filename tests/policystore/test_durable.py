@@ -17,7 +17,7 @@ import torch
 from helpers import RESTARTING, eventually
 
 import policystore
-from benchmarks.s3gate import S3Gate
+from benchmarks.s3gate import S3Gate, close_all
 from policystore.config import NAMESPACE, store_name
 from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.errors import (
@@ -286,12 +286,7 @@ class _DyingProxy:
             self.dead = True
             sockets, self._sockets = self._sockets, []
         self._listener.close()
-        for s in sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+        close_all(sockets)
 
 
 SIZE = 24 * 1024 * 1024  # large enough for a multipart upload
