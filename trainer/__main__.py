@@ -85,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         train(args.run_dir, resume=True, minutes=args.minutes)
         return 0
-    train(args.run_dir, config_from_args(args))
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:  # a setting out of range: say which, before anything starts
+        raise SystemExit(f"python -m trainer: {exc}") from None
+    train(args.run_dir, config)
     return 0
 
 

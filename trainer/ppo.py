@@ -30,6 +30,8 @@ class PPOConfig:
     max_grad_norm: float = 0.5
 
     def __post_init__(self) -> None:
+        if min(self.epochs, self.minibatch) < 1:
+            raise ValueError(f"epochs and minibatch must be >= 1, got {self.epochs} and {self.minibatch}")
         if self.minibatch > self.batch:
             raise ValueError(f"minibatch ({self.minibatch}) must not exceed batch ({self.batch})")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):

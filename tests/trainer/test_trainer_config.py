@@ -73,3 +73,14 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
     # Another game: no Connect Four scripted players in its league (its config is not even checked for them).
     other = config_from_args(parse_args(["--run-dir", "r", "--game", "pettingzoo:tictactoe_v3"]))
     assert other.league.scripted == () and other.league.scripted_share == 0.0
+
+
+@pytest.mark.parametrize("flags, named", [(["--ppo-epochs", "0"], "epochs"),
+                                          (["--scripted-share", "2"], "scripted_share"),
+                                          (["--main-share", "0"], "main_share")])
+def test_a_setting_out_of_range_stops_the_command_before_anything_starts(tmp_path, flags, named):
+    from trainer.__main__ import main
+
+    with pytest.raises(SystemExit, match=named):
+        main(["--run-dir", str(tmp_path / "run"), *flags])
+    assert not (tmp_path / "run").exists()
