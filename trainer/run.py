@@ -63,6 +63,8 @@ class Trainer:
             for i, name in enumerate(ray.get(self.league.trainable.remote()))}
         # The league has the learners publish the main agents' first snapshots before any match needs them.
         ray.get(self.league.serve.remote(self.learners))
+        devices = ray.get([learner.stats.remote() for learner in self.learners.values()])
+        self.console.print("learner shards: " + ", ".join(f"{s['player']} on {s['device']}" for s in devices))
         worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights, game=c.game,
                                      mirror=c.mirror)
         worker = ray.remote(RolloutWorker)

@@ -73,6 +73,7 @@ def test_learner_trains_on_a_fractional_gpu_and_publishes_host_copies(store, tmp
     learner = shard("lrn_gpu", tmp_path, num_gpus=0.5)
     assert ray.get(learner.stats.remote())["device"] == "cuda"
     ray.get(learner.add.remote(random_batch(300)))
+    eventually(lambda: store.get("lrn_gpu").id.version == 2, "v2 pushed to the driver")
     snap = store.get("lrn_gpu")
     assert snap.id.version == 2 and all(t.device.type == "cpu" for t in snap.values())
 
