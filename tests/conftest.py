@@ -1,10 +1,14 @@
 """Shared fixtures: one Ray session per test module (Ray takes ~3 s to start on 2 cores)."""
 
 import os
+import shutil
+import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 
@@ -34,6 +38,30 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(config.stash[_EXIT_STATUS])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """Shortly before pytest-timeout fails a stuck test (its stack shows only this process's side), print the
+    Python stack of every Ray worker process on the machine: the call that never returns waits on one of them."""
+    limit = item.config.getini("timeout")
+    timer = threading.Timer(max(float(limit or 0) - 30, 1), _print_ray_stacks) if limit else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    yield
+    if timer is not None:
+        timer.cancel()
+
+
+def _print_ray_stacks() -> None:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "default_worker.py" in cmdline or cmdline.startswith("ray::"):
+            dump = subprocess.run([py_spy, "dump", "--pid", str(proc.info["pid"])], capture_output=True, text=True,
+                                  timeout=30, check=False)
+            print(f"--- Ray process {proc.info['pid']}: {cmdline[:120]}\n{dump.stdout}{dump.stderr}", file=sys.stderr)
 
 
 @pytest.hookimpl(tryfirst=True)
