@@ -80,16 +80,18 @@ class RolloutWorker:
                            outcome.steps)
 
     def run(self, seconds: float) -> dict[str, Any]:
-        """Play matches for ``seconds``; returns once every trajectory and result has been delivered."""
+        """Play matches for ``seconds`` (at least one, however loaded the machine); returns once every trajectory
+        and result has been delivered."""
         deadline = time.monotonic() + seconds
         next_match = self.league.next_match.remote()
-        report = None
-        while time.monotonic() < deadline:
+        while True:
             match = ray.get(next_match)
             next_match = self.league.next_match.remote()  # overlaps the round trip with the games
             report = self.league.report.remote(self.play_match(match))
+            if time.monotonic() >= deadline:
+                break
         # Calls from one caller run in order: the last report done means all are.
-        ray.get(list(self.in_flight.values()) + ([report] if report else []))
+        ray.get([*self.in_flight.values(), report])
         return self.stats()
 
     def module_report(self) -> list[dict[str, Any]]:

@@ -98,7 +98,7 @@ def test_workers_play_league_matches_and_feed_learners_with_views_or_private_cop
     league, learners, viewer = start_league(tmp_path, "store")
     copier = rollout_worker(league, learners, "private")
     played = dict(zip(("store", "private"), ray.get([w.run.remote(3.0) for w in (viewer, copier)]), strict=True))
-    assert all(stats["matches"] >= 3 and stats["steps"] > 0 for stats in played.values()), played
+    assert all(stats["matches"] >= 1 and stats["steps"] > 0 for stats in played.values()), played
     summary = ray.get(league.summary.remote())
     assert sum(r["steps"] for r in summary if r["kind"] != HISTORICAL) == sum(s["steps"] for s in played.values())
     samples = ray.get([learner.stats.remote() for learner in learners.values()])
@@ -113,11 +113,15 @@ def test_workers_play_league_matches_and_feed_learners_with_views_or_private_cop
 def test_league_has_learners_publish_its_snapshots_without_the_driver(store, tmp_path):
     # Budgets of a few hundred steps: the league asks for snapshots during the first matches.
     league, learners, worker = start_league(tmp_path, "store", first_run_steps=2_000)
-    ray.get(worker.run.remote(3.0))
+
+    def snapshots():
+        return [r for r in ray.get(league.summary.remote()) if r["kind"] == HISTORICAL]
+
+    # However few matches a loaded machine allows a second, the league asks for a snapshot within a few of them.
+    eventually(lambda: ray.get(worker.run.remote(1.0)) and len(snapshots()) > 1, "a snapshot asked for in play")
     added = ray.get(league.settle.remote())
-    snapshots = [r for r in ray.get(league.summary.remote()) if r["kind"] == HISTORICAL]
-    assert len(snapshots) > 1 and set(added) <= {r["name"] for r in snapshots}
-    for row in snapshots:  # every snapshot in the league is a frozen, durable policy in the store
+    assert set(added) <= {r["name"] for r in snapshots()}
+    for row in snapshots():  # every snapshot in the league is a frozen, durable policy in the store
         snap = store.get(row["name"])
         assert snap.meta[FROZEN_META_KEY] is True and snap.meta["player"] == row["parent"]
         assert any(i.id == snap.id and i.on_disk for i in store.list(row["name"]))
