@@ -51,7 +51,7 @@ import ray
 
 from . import catalogdb
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
-from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, store_name
+from .config import DEFAULT_LEAGUE, WATCH_GROUP, StoreConfig, catalog_name, running, store_name
 from .errors import (
     InvalidMetaError,
     InvalidOptionError,
@@ -754,11 +754,8 @@ def ask_stores(league: str, timeout_s: float = REBUILD_WAIT_S) -> tuple[list[Hol
     catalog)."""
     calls: dict[ray.ObjectRef, str] = {}
     for node in ray.nodes():
-        if node.get("Alive"):
-            try:
-                store = ray.get_actor(store_name(node["NodeID"], league), namespace=NAMESPACE)
-            except ValueError:
-                continue  # no store on that node
+        store = running(store_name(node["NodeID"], league)) if node.get("Alive") else None
+        if store is not None:  # else no store on that node
             calls[store.holdings.remote()] = node["NodeID"]
     ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=timeout_s) if calls else ([], [])
     reports, problems = [], [f"the store on node {calls[ref]} did not report within {timeout_s:.0f} s" for ref in late]

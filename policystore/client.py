@@ -26,12 +26,12 @@ from . import errors
 from .catalog import CatalogServer, ask_stores
 from .config import (
     DEFAULT_LEAGUE,
-    NAMESPACE,
     WATCH_GROUP,
     StoreConfig,
     catalog_name,
     check_league,
     detached,
+    running,
     store_name,
 )
 from .deadline import wait
@@ -165,11 +165,11 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
 
 def _catalog_handle(league: str) -> ray.actor.ActorHandle:
     """The running catalog of ``league`` (StoreUnavailableError if it is gone: its start failed, or it was stopped)."""
-    try:
-        return ray.get_actor(catalog_name(league), namespace=NAMESPACE)
-    except ValueError:
+    catalog = running(catalog_name(league))
+    if catalog is None:
         raise StoreUnavailableError(f"the catalog of league {league!r} is not running (its start failed, or it was "
-                                    "stopped; its log says why)") from None
+                                    "stopped; its log says why)")
+    return catalog
 
 
 def _durable_seed(config: StoreConfig) -> Callable[[], tuple[list, list[str], list[SnapshotId]]] | None:
@@ -220,10 +220,7 @@ class PolicyStore:
 
     def _current(self) -> bool:
         """Whether the node's store is still the actor this handle talks to (not stopped and replaced since)."""
-        try:
-            return ray.get_actor(store_name(self.node_id, self.league), namespace=NAMESPACE) == self._actor
-        except ValueError:
-            return False
+        return running(store_name(self.node_id, self.league)) == self._actor
 
     def _live(self) -> Session:
         session = self._session
@@ -515,17 +512,12 @@ def shutdown_all(*, league: str | None = None) -> None:
 
 
 def _kill_named(name: str) -> bool:
-    try:
-        actor = ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
+    actor = running(name)
+    if actor is None:
         return False
     ray.kill(actor, no_restart=True)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the name is released once the actor is gone
-        try:
-            ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            break
+    while running(name) is not None and time.monotonic() < deadline:  # the name is released once the actor is gone
         time.sleep(0.05)
     return True
 

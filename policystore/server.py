@@ -38,7 +38,7 @@ import numpy as np
 import ray
 
 from . import memory
-from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, running, store_name
 from .deadline import wait
 from .errors import (
     CorruptSnapshotError,
@@ -801,13 +801,10 @@ class StoreServer:
             self.feed.deleted(sid)
             if self.uploads is not None:  # whether or not it got there yet: an upload may be on its way
                 self.uploads.tombstone(sid)
-            for holder in entry.holders:
-                if holder not in (DURABLE, self.node_id):
-                    try:
-                        peers.append(ray.get_actor(store_name(holder, self.league), namespace=NAMESPACE)
-                                     .forget.remote(*sid))
-                    except ValueError:
-                        pass  # that node's store is gone, and its copies with it
+            for holder in entry.holders:  # a node whose store is gone has lost its copies with it
+                peer = running(store_name(holder, self.league)) if holder not in (DURABLE, self.node_id) else None
+                if peer is not None:
+                    peers.append(peer.forget.remote(*sid))
         if removed:
             self.feed.set_latest(policy_id, self._catalog_latest(policy_id))
         ray.wait(peers, num_returns=len(peers), timeout=30)
