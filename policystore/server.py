@@ -799,8 +799,7 @@ class StoreServer:
             sid = entry.id
             self.forget(*sid)
             self.feed.deleted(sid)
-            if self.uploads is not None:  # whether or not it got there yet: an upload may be on its way
-                self.uploads.tombstone(sid)
+            self._remove_durable(sid)  # whether or not it got there yet: an upload may be on its way
             for holder in entry.holders:  # a node whose store is gone has lost its copies with it
                 peer = running(store_name(holder, self.league)) if holder not in (DURABLE, self.node_id) else None
                 if peer is not None:
