@@ -71,6 +71,7 @@ _BLOCK = 4 * 1024 * 1024  # pack's copy granularity: its checksum thread trails 
 # From this much data on, pack checksums on a helper thread; below it (measured: 16 MiB) checksumming the freshly
 # copied, still cached bytes at once is faster than starting the thread and handing blocks over.
 _OVERLAP_BYTES = 32 * 1024 * 1024
+_CHECK_BESIDE_BYTES = 8 * 1024 * 1024  # buffers at least this big are checksummed on a thread while they are copied
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +301,15 @@ class Background:
         self.join()
         if self._error is not None:
             raise self._error
+
+    @classmethod
+    def check(cls, buf: np.ndarray, header: Header, what: str) -> Background:
+        """The checksum check of a buffer about to be copied: on a helper thread for a large one, else done at once
+        (a small buffer checks faster than a thread starts)."""
+        if header.nbytes < _CHECK_BESIDE_BYTES:
+            check_data(header, iter_data(header, buf), what)
+            return cls()
+        return cls(lambda: check_data(header, iter_data(header, buf), what))
 
 
 def _default_alloc(nbytes: int) -> np.ndarray:

@@ -55,9 +55,7 @@ from .format import (
     Background,
     Expected,
     Header,
-    check_data,
     head_bytes,
-    iter_data,
     parse_header,
     verify_buffer,
 )
@@ -724,7 +722,7 @@ class StoreServer:
         header = parse_header(buf, name=what)
         if header.checksum != checksum:
             raise CorruptSnapshotError(f"{what}: checksum {header.checksum} != catalog {checksum}")
-        pending = Background() if verified else Background(lambda: check_data(header, iter_data(header, buf), what))
+        pending = Background() if verified else Background.check(buf, header, what)
         try:
             hot = HotSnapshot(sid, head_bytes(buf), [ray.put(shareable(buf))])
         finally:
