@@ -43,7 +43,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -550,10 +550,8 @@ class CatalogServer:
                 committed.pop(sid, None)
                 deleted.append(sid)
             else:
-                try:
+                with suppress(KeyError):  # deleted since: its delete event follows
                     committed[sid] = self._entry(sid)
-                except KeyError:
-                    pass  # deleted since: its delete event follows
         pids = sorted({pid for _, _, pid, _ in rows})
         latest = {pid: v for pid, v in self._db.execute(
             f"SELECT pid, latest FROM policies WHERE latest > 0 AND pid IN ({','.join('?' * len(pids))})", pids)}
