@@ -231,15 +231,13 @@ class CatalogServer:
         with self._lock:
             counts = dict(self._db.execute("SELECT state, count(*) FROM snapshots GROUP BY state").fetchall())
             policies = self._db.execute("SELECT count(*) FROM policies WHERE latest > 0").fetchone()[0]
+            with self._calls_lock:
+                calls = dict(self._calls)
             return CatalogHealth(
                 path=str(self._path), epoch=self._epoch, new=self._new, problems=tuple(self._problems),
                 adopted=self._adopted, skipped=self._skipped, seq=self._seq, policies=policies,
-                snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0), calls=self._call_counts(),
+                snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0), calls=calls,
             )
-
-    def _call_counts(self) -> dict[str, int]:
-        with self._calls_lock:
-            return dict(self._calls)
 
     def close(self) -> None:
         """Close the database (an orderly stop; a killed catalog loses nothing it acknowledged either)."""
@@ -526,17 +524,14 @@ class CatalogServer:
             while True:
                 behind = since < self._pruned or (since == 0 and self._seq > 0 and epoch != self._epoch)
                 if behind or since > self._seq or epoch not in (None, self._epoch):
-                    return self._reset()
+                    latest = dict(self._db.execute("SELECT pid, latest FROM policies WHERE latest > 0"))
+                    return CatalogEvents(seq=self._seq, reset=True, latest=latest, epoch=self._epoch)
                 if since < self._seq:
                     return self._events_after(since)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return CatalogEvents(seq=self._seq, reset=False, epoch=self._epoch)
                 self._changed.wait(remaining)
-
-    def _reset(self) -> CatalogEvents:
-        latest = dict(self._db.execute("SELECT pid, latest FROM policies WHERE latest > 0"))
-        return CatalogEvents(seq=self._seq, reset=True, latest=latest, epoch=self._epoch)
 
     def _events_after(self, since: int) -> CatalogEvents:
         rows = self._db.execute("SELECT seq, kind, pid, version FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
