@@ -312,10 +312,6 @@ class Background:
         return cls(lambda: check_data(header, iter_data(header, buf), what))
 
 
-def _default_alloc(nbytes: int) -> np.ndarray:
-    return np.empty(nbytes, dtype=np.uint8)
-
-
 def pack(
     weights: Mapping[str, torch.Tensor | np.ndarray],
     *,
@@ -361,7 +357,7 @@ def pack(
     data_offset = len(_head(entries, metadata))
     total = data_offset + offset
 
-    buf = (alloc or _default_alloc)(total)
+    buf = alloc(total) if alloc is not None else np.empty(total, dtype=np.uint8)
     if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.shape == (total,)
             and buf.flags.writeable and buf.flags.c_contiguous):
         raise PolicyStoreError(f"pack: alloc({total}) must return a writable contiguous 1-D uint8 array of that size")
