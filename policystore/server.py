@@ -288,10 +288,8 @@ class StoreServer:
             last = ring
 
     def _apply_catalog(self, events: CatalogEvents) -> None:
-        for pid, version in events.latest.items():
-            self._saw(pid, version)
-        for sid in (*(e.id for e in events.committed), *events.deleted):
-            self._saw(*sid)
+        for pid, version in (*events.latest.items(), *(e.id for e in events.committed), *events.deleted):
+            self._saw(pid, version)  # every version the catalog names was handed out
         if events.reset:
             self.feed.replace_latest(events.latest)
             return
