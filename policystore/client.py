@@ -439,7 +439,7 @@ class PolicyStore:
         session = self._live()
         deleted = self._call(StoreServer.delete, policy_id, version, idempotent=False)
         for sid in deleted:
-            session.forget(sid)
+            session.drop(sid, deleted=True)
         return deleted
 
     def verify(self, policy_id: str, version: int | None = None) -> VerifyReport:
