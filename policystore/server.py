@@ -111,10 +111,6 @@ class _Entry:
     spill_error: str | None = None  # the background spill failed (disk full): the snapshot can only stay hot
     corrupt: str | None = None  # the hot copy failed its checksum and no good disk copy exists
 
-    @property
-    def nbytes(self) -> int:
-        return self.header.nbytes
-
 
 def _open_durable(uri: str | None) -> DurableTier | None:
     """The durable tier, imported only when configured (pyarrow is heavy for an actor that may not need it)."""
@@ -381,7 +377,7 @@ class StoreServer:
                 f"(hot_capacity_bytes={self.hot.capacity_bytes}); raise the capacity or shrink the snapshot"
             )
         with self._lock:
-            pending = sum(e.nbytes for _, e in self._items_locked() if e.pending is not None)
+            pending = sum(e.header.nbytes for _, e in self._items_locked() if e.pending is not None)
             committed = self._disk_bytes_locked()
         self.disk.check_room(header.nbytes, committed, pending, what)
         entry = _Entry(header, durable=durable)
@@ -606,7 +602,7 @@ class StoreServer:
             raise
         with self._lock:
             if self._policies.get(sid.policy_id, {}).get(sid.version) is entry:
-                self.hot.add(sid, hot.refs[0], entry.nbytes, hot.header)
+                self.hot.add(sid, hot.refs[0], entry.header.nbytes, hot.header)
             self._count("restores")
         return hot
 
@@ -740,7 +736,7 @@ class StoreServer:
                 file = local.file if local is not None else None
                 rows.append(SnapshotInfo(
                     id=e.id,
-                    nbytes=local.nbytes if local is not None else e.summary.nbytes,
+                    nbytes=local.header.nbytes if local is not None else e.summary.nbytes,
                     tier="hot" if e.id in self.hot else "disk" if local is not None else "remote",
                     on_disk=file is not None,
                     file_bytes=file.file_bytes if file is not None else 0,
