@@ -39,14 +39,13 @@ from .errors import (
     ConfigError,
     CorruptSnapshotError,
     PolicyStoreError,
-    SnapshotTooLargeError,
     StoreUnavailableError,
     UnknownVersionError,
 )
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
 from .protect import follow_generation, open_shared
-from .server import StoreServer, check_durable
+from .server import StoreServer, check_durable, check_fits
 from .session import Session, clear_cache, current_session, ensure_ray, session_key
 from .staging import StagingFile
 from .watch import PushState, current_ray_session
@@ -304,11 +303,7 @@ class PolicyStore:
         """``alloc`` for ``pack`` that refuses a snapshot larger than the hot tier before any memory (or staging
         file) is grown for it."""
         def checked(nbytes: int) -> np.ndarray:
-            if nbytes > self._hot_capacity:
-                raise SnapshotTooLargeError(
-                    f"snapshot of {policy_id!r} is {nbytes} bytes, larger than the whole hot tier "
-                    f"(hot_capacity_bytes={self._hot_capacity})"
-                )
+            check_fits(nbytes, self._hot_capacity, f"snapshot of {policy_id!r}")
             return alloc(nbytes)
 
         return checked

@@ -138,6 +138,14 @@ def _node_object_store_bytes(node_id: str) -> int:
     raise RuntimeError(f"node {node_id} is not part of this Ray cluster")
 
 
+def check_fits(nbytes: int, capacity: int, what: str) -> None:
+    """SnapshotTooLargeError unless a snapshot of ``nbytes`` fits in a hot tier of ``capacity`` bytes (a publisher
+    checks before it packs, the store again before it copies)."""
+    if nbytes > capacity:
+        raise SnapshotTooLargeError(f"{what} is {nbytes} bytes, larger than the whole hot tier (hot_capacity_bytes="
+                                    f"{capacity}); raise the capacity or shrink the snapshot")
+
+
 def check_durable(durable: object) -> bool:
     if not isinstance(durable, bool):
         raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
@@ -371,11 +379,7 @@ class StoreServer:
         header = parse_header(buf, name=what)
         if header.metadata.get(META_POLICY) != policy_id:
             raise InvalidWeightsError(f"{what}: buffer was packed for {header.metadata.get(META_POLICY)!r}")
-        if header.nbytes > self.hot.capacity_bytes:
-            raise SnapshotTooLargeError(
-                f"{what} is {header.nbytes} bytes, larger than the whole hot tier "
-                f"(hot_capacity_bytes={self.hot.capacity_bytes}); raise the capacity or shrink the snapshot"
-            )
+        check_fits(header.nbytes, self.hot.capacity_bytes, what)
         with self._lock:
             pending = sum(e.header.nbytes for _, e in self._items_locked() if e.pending is not None)
             committed = self._disk_bytes_locked()
