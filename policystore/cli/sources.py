@@ -146,7 +146,6 @@ class DurableSource(Source):
         return self.tier.read(row.id, Expected(*row.id, row.checksum))
 
 
-
 class FolderSource(Source):
     """A spill folder or a durable tier's folder, read through the store's Ray-free reader."""
 
@@ -173,7 +172,6 @@ class FolderSource(Source):
 
     def buffer(self, row: Row) -> np.ndarray:
         return self.reader.get(*row.id).buffer
-
 
 
 def _problems(check: Callable[[], object]) -> list[str]:
