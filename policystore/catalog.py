@@ -43,7 +43,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ import ray
 
 from . import catalogdb
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
-from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, store_name
+from .config import DEFAULT_LEAGUE, WATCH_GROUP, StoreConfig, catalog_name, running, store_name
 from .errors import (
     InvalidMetaError,
     InvalidOptionError,
@@ -231,15 +231,13 @@ class CatalogServer:
         with self._lock:
             counts = dict(self._db.execute("SELECT state, count(*) FROM snapshots GROUP BY state").fetchall())
             policies = self._db.execute("SELECT count(*) FROM policies WHERE latest > 0").fetchone()[0]
+            with self._calls_lock:
+                calls = dict(self._calls)
             return CatalogHealth(
                 path=str(self._path), epoch=self._epoch, new=self._new, problems=tuple(self._problems),
                 adopted=self._adopted, skipped=self._skipped, seq=self._seq, policies=policies,
-                snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0), calls=self._call_counts(),
+                snapshots=counts.get(COMMITTED, 0), reserved=counts.get(RESERVED, 0), calls=calls,
             )
-
-    def _call_counts(self) -> dict[str, int]:
-        with self._calls_lock:
-            return dict(self._calls)
 
     def close(self) -> None:
         """Close the database (an orderly stop; a killed catalog loses nothing it acknowledged either)."""
@@ -526,17 +524,14 @@ class CatalogServer:
             while True:
                 behind = since < self._pruned or (since == 0 and self._seq > 0 and epoch != self._epoch)
                 if behind or since > self._seq or epoch not in (None, self._epoch):
-                    return self._reset()
+                    latest = dict(self._db.execute("SELECT pid, latest FROM policies WHERE latest > 0"))
+                    return CatalogEvents(seq=self._seq, reset=True, latest=latest, epoch=self._epoch)
                 if since < self._seq:
                     return self._events_after(since)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return CatalogEvents(seq=self._seq, reset=False, epoch=self._epoch)
                 self._changed.wait(remaining)
-
-    def _reset(self) -> CatalogEvents:
-        latest = dict(self._db.execute("SELECT pid, latest FROM policies WHERE latest > 0"))
-        return CatalogEvents(seq=self._seq, reset=True, latest=latest, epoch=self._epoch)
 
     def _events_after(self, since: int) -> CatalogEvents:
         rows = self._db.execute("SELECT seq, kind, pid, version FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
@@ -550,10 +545,8 @@ class CatalogServer:
                 committed.pop(sid, None)
                 deleted.append(sid)
             else:
-                try:
+                with suppress(KeyError):  # deleted since: its delete event follows
                     committed[sid] = self._entry(sid)
-                except KeyError:
-                    pass  # deleted since: its delete event follows
         pids = sorted({pid for _, _, pid, _ in rows})
         latest = {pid: v for pid, v in self._db.execute(
             f"SELECT pid, latest FROM policies WHERE latest > 0 AND pid IN ({','.join('?' * len(pids))})", pids)}
@@ -754,11 +747,8 @@ def ask_stores(league: str, timeout_s: float = REBUILD_WAIT_S) -> tuple[list[Hol
     catalog)."""
     calls: dict[ray.ObjectRef, str] = {}
     for node in ray.nodes():
-        if node.get("Alive"):
-            try:
-                store = ray.get_actor(store_name(node["NodeID"], league), namespace=NAMESPACE)
-            except ValueError:
-                continue  # no store on that node
+        store = running(store_name(node["NodeID"], league)) if node.get("Alive") else None
+        if store is not None:  # else no store on that node
             calls[store.holdings.remote()] = node["NodeID"]
     ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=timeout_s) if calls else ([], [])
     reports, problems = [], [f"the store on node {calls[ref]} did not report within {timeout_s:.0f} s" for ref in late]

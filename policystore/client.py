@@ -26,12 +26,12 @@ from . import errors
 from .catalog import CatalogServer, ask_stores
 from .config import (
     DEFAULT_LEAGUE,
-    NAMESPACE,
     WATCH_GROUP,
     StoreConfig,
     catalog_name,
     check_league,
     detached,
+    running,
     store_name,
 )
 from .deadline import wait
@@ -39,14 +39,13 @@ from .errors import (
     ConfigError,
     CorruptSnapshotError,
     PolicyStoreError,
-    SnapshotTooLargeError,
     StoreUnavailableError,
     UnknownVersionError,
 )
 from .format import pack
 from .ids import SnapshotId, check_policy_id, check_version
 from .protect import follow_generation, open_shared
-from .server import StoreServer, check_durable
+from .server import StoreServer, check_durable, check_fits
 from .session import Session, clear_cache, current_session, ensure_ray, session_key
 from .staging import StagingFile
 from .watch import PushState, current_ray_session
@@ -165,11 +164,11 @@ def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
 
 def _catalog_handle(league: str) -> ray.actor.ActorHandle:
     """The running catalog of ``league`` (StoreUnavailableError if it is gone: its start failed, or it was stopped)."""
-    try:
-        return ray.get_actor(catalog_name(league), namespace=NAMESPACE)
-    except ValueError:
+    catalog = running(catalog_name(league))
+    if catalog is None:
         raise StoreUnavailableError(f"the catalog of league {league!r} is not running (its start failed, or it was "
-                                    "stopped; its log says why)") from None
+                                    "stopped; its log says why)")
+    return catalog
 
 
 def _durable_seed(config: StoreConfig) -> Callable[[], tuple[list, list[str], list[SnapshotId]]] | None:
@@ -220,10 +219,7 @@ class PolicyStore:
 
     def _current(self) -> bool:
         """Whether the node's store is still the actor this handle talks to (not stopped and replaced since)."""
-        try:
-            return ray.get_actor(store_name(self.node_id, self.league), namespace=NAMESPACE) == self._actor
-        except ValueError:
-            return False
+        return running(store_name(self.node_id, self.league)) == self._actor
 
     def _live(self) -> Session:
         session = self._session
@@ -307,11 +303,7 @@ class PolicyStore:
         """``alloc`` for ``pack`` that refuses a snapshot larger than the hot tier before any memory (or staging
         file) is grown for it."""
         def checked(nbytes: int) -> np.ndarray:
-            if nbytes > self._hot_capacity:
-                raise SnapshotTooLargeError(
-                    f"snapshot of {policy_id!r} is {nbytes} bytes, larger than the whole hot tier "
-                    f"(hot_capacity_bytes={self._hot_capacity})"
-                )
+            check_fits(nbytes, self._hot_capacity, f"snapshot of {policy_id!r}")
             return alloc(nbytes)
 
         return checked
@@ -442,7 +434,7 @@ class PolicyStore:
         session = self._live()
         deleted = self._call(StoreServer.delete, policy_id, version, idempotent=False)
         for sid in deleted:
-            session.forget(sid)
+            session.drop(sid, deleted=True)
         return deleted
 
     def verify(self, policy_id: str, version: int | None = None) -> VerifyReport:
@@ -515,17 +507,12 @@ def shutdown_all(*, league: str | None = None) -> None:
 
 
 def _kill_named(name: str) -> bool:
-    try:
-        actor = ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
+    actor = running(name)
+    if actor is None:
         return False
     ray.kill(actor, no_restart=True)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the name is released once the actor is gone
-        try:
-            ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            break
+    while running(name) is not None and time.monotonic() < deadline:  # the name is released once the actor is gone
         time.sleep(0.05)
     return True
 

@@ -145,6 +145,16 @@ def detached(name: str) -> dict[str, object]:
             "max_restarts": -1}
 
 
+def running(name: str) -> object | None:
+    """The handle of the project's named actor ``name`` (a store, a catalog), or None when none runs."""
+    import ray  # only here: the Ray-free folder reader imports this module
+
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
 def catalog_name(league: str = DEFAULT_LEAGUE) -> str:
     """The league's catalog actor (the default league keeps the name it always had)."""
     return CATALOG_NAME if league == DEFAULT_LEAGUE else f"{CATALOG_NAME}@{league}"

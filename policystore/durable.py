@@ -134,11 +134,9 @@ class DurableTier:
     def _folder(self, policy_id: str) -> str:
         return posixpath.join(self.root, check_policy_id(policy_id))
 
-    def _marker_path(self, sid: SnapshotId) -> str:
-        return posixpath.join(self._folder(sid.policy_id), f"{check_version(sid.version):010d}{MARKER_SUFFIX}")
-
-    def _tombstone_path(self, sid: SnapshotId) -> str:
-        return posixpath.join(self._folder(sid.policy_id), f"{check_version(sid.version):010d}{TOMBSTONE_SUFFIX}")
+    def _path(self, sid: SnapshotId, suffix: str = MARKER_SUFFIX) -> str:
+        """Where ``sid``'s commit marker (or, by ``suffix``, its tombstone) lives."""
+        return posixpath.join(self._folder(sid.policy_id), f"{check_version(sid.version):010d}{suffix}")
 
     # ---- writing -------------------------------------------------------------------------------------------
     def write(self, sid: SnapshotId, buf: np.ndarray, header: Header, *,
@@ -204,7 +202,7 @@ class DurableTier:
             except DurableTierError:
                 return
             if current is not None and current.object == posixpath.basename(path):
-                if not self._delete_quietly(self._marker_path(sid)):
+                if not self._delete_quietly(self._path(sid)):
                     return
         self._delete_quietly(path)
 
@@ -222,7 +220,7 @@ class DurableTier:
         _sync_local(self.fs, path)
 
     def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:
-        self._put_small(self._marker_path(sid), json.dumps(asdict(commit), sort_keys=True).encode())
+        self._put_small(self._path(sid), json.dumps(asdict(commit), sort_keys=True).encode())
 
     def _put_small(self, final: str, body: bytes) -> None:
         """Write a small object whole (through a temp name where the filesystem renames atomically)."""
@@ -244,7 +242,7 @@ class DurableTier:
 
     def deleted(self, sid: SnapshotId) -> bool:
         """Whether ``sid`` has a tombstone here (it was deleted, and is never served or written again)."""
-        path = self._tombstone_path(sid)
+        path = self._path(sid, TOMBSTONE_SUFFIX)
         return _io(lambda: self.fs.get_file_info(path),
                    f"check whether {sid} was deleted ({path})").type == pafs.FileType.File
 
@@ -328,7 +326,7 @@ class DurableTier:
     def _commit(self, sid: SnapshotId, skipped: list[str] | None = None) -> Commit | None:
         """The marker of ``sid`` if it exists and names ``sid``; an unreadable one counts as absent (logged, and
         said in ``skipped`` when given)."""
-        path = self._marker_path(sid)
+        path = self._path(sid)
         try:
             with self.fs.open_input_stream(path) as f:
                 return Commit.parse(f.read(), sid)
@@ -350,8 +348,9 @@ class DurableTier:
         body = json.dumps({"policy_id": sid.policy_id, "version": sid.version, "deleted": time.time()}).encode()
         folder = self._folder(sid.policy_id)
         _io(lambda: self.fs.create_dir(folder, recursive=True), f"create {folder} for the tombstone of {sid}")
-        _io(lambda: self._put_small(self._tombstone_path(sid), body), f"write the tombstone of {sid} to {self.uri}")
-        marker = self._marker_path(sid)
+        tombstone = self._path(sid, TOMBSTONE_SUFFIX)
+        _io(lambda: self._put_small(tombstone, body), f"write the tombstone of {sid} to {self.uri}")
+        marker = self._path(sid)
         if not self._delete_quietly(marker):
             raise DurableTierError(f"could not remove the commit marker {marker} of {sid} from {self.uri}")
         selector = pafs.FileSelector(folder, allow_not_found=True)

@@ -71,6 +71,7 @@ _BLOCK = 4 * 1024 * 1024  # pack's copy granularity: its checksum thread trails 
 # From this much data on, pack checksums on a helper thread; below it (measured: 16 MiB) checksumming the freshly
 # copied, still cached bytes at once is faster than starting the thread and handing blocks over.
 _OVERLAP_BYTES = 32 * 1024 * 1024
+_CHECK_BESIDE_BYTES = 8 * 1024 * 1024  # buffers at least this big are checksummed on a thread while they are copied
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,9 +302,14 @@ class Background:
         if self._error is not None:
             raise self._error
 
-
-def _default_alloc(nbytes: int) -> np.ndarray:
-    return np.empty(nbytes, dtype=np.uint8)
+    @classmethod
+    def check(cls, buf: np.ndarray, header: Header, what: str) -> Background:
+        """The checksum check of a buffer about to be copied: on a helper thread for a large one, else done at once
+        (a small buffer checks faster than a thread starts)."""
+        if header.nbytes < _CHECK_BESIDE_BYTES:
+            check_data(header, iter_data(header, buf), what)
+            return cls()
+        return cls(lambda: check_data(header, iter_data(header, buf), what))
 
 
 def pack(
@@ -351,7 +357,7 @@ def pack(
     data_offset = len(_head(entries, metadata))
     total = data_offset + offset
 
-    buf = (alloc or _default_alloc)(total)
+    buf = alloc(total) if alloc is not None else np.empty(total, dtype=np.uint8)
     if not (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.shape == (total,)
             and buf.flags.writeable and buf.flags.c_contiguous):
         raise PolicyStoreError(f"pack: alloc({total}) must return a writable contiguous 1-D uint8 array of that size")

@@ -133,10 +133,6 @@ _ENOMEM_HINT = (" (the process is at the kernel's limit on memory mappings, vm.m
                 "snapshots this process no longer reads)")
 
 
-def _errno_name(errno: int) -> str:
-    return f"{os.strerror(errno)} (errno {errno})"
-
-
 class _Holder:
     """The base object of the array ``open_shared`` returns: its lifetime is the protection's lifetime, and it holds
     the buffer it describes (what ``ray.get`` returned) so the memory stays this snapshot's while it is read."""
@@ -186,7 +182,7 @@ def _mprotect(lo: int, hi: int, prot: int) -> int | None:
     if _libc.mprotect(lo, hi - lo, prot) == 0:
         return None
     errno = ctypes.get_errno()
-    log.warning("mprotect(%#x, %d, %d) failed: %s", lo, hi - lo, prot, _errno_name(errno))
+    log.warning("mprotect(%#x, %d, %d) failed: %s (errno %d)", lo, hi - lo, prot, os.strerror(errno), errno)
     return errno
 
 

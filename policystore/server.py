@@ -38,7 +38,7 @@ import numpy as np
 import ray
 
 from . import memory
-from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, store_name
+from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, running, store_name
 from .deadline import wait
 from .errors import (
     CorruptSnapshotError,
@@ -55,9 +55,7 @@ from .format import (
     Background,
     Expected,
     Header,
-    check_data,
     head_bytes,
-    iter_data,
     parse_header,
     verify_buffer,
 )
@@ -113,10 +111,6 @@ class _Entry:
     spill_error: str | None = None  # the background spill failed (disk full): the snapshot can only stay hot
     corrupt: str | None = None  # the hot copy failed its checksum and no good disk copy exists
 
-    @property
-    def nbytes(self) -> int:
-        return self.header.nbytes
-
 
 def _open_durable(uri: str | None) -> DurableTier | None:
     """The durable tier, imported only when configured (pyarrow is heavy for an actor that may not need it)."""
@@ -142,6 +136,14 @@ def _node_object_store_bytes(node_id: str) -> int:
         if node["NodeID"] == node_id:
             return int(node["Resources"].get("object_store_memory", 0))
     raise RuntimeError(f"node {node_id} is not part of this Ray cluster")
+
+
+def check_fits(nbytes: int, capacity: int, what: str) -> None:
+    """SnapshotTooLargeError unless a snapshot of ``nbytes`` fits in a hot tier of ``capacity`` bytes (a publisher
+    checks before it packs, the store again before it copies)."""
+    if nbytes > capacity:
+        raise SnapshotTooLargeError(f"{what} is {nbytes} bytes, larger than the whole hot tier (hot_capacity_bytes="
+                                    f"{capacity}); raise the capacity or shrink the snapshot")
 
 
 def check_durable(durable: object) -> bool:
@@ -290,10 +292,8 @@ class StoreServer:
             last = ring
 
     def _apply_catalog(self, events: CatalogEvents) -> None:
-        for pid, version in events.latest.items():
-            self._saw(pid, version)
-        for sid in (*(e.id for e in events.committed), *events.deleted):
-            self._saw(*sid)
+        for pid, version in (*events.latest.items(), *(e.id for e in events.committed), *events.deleted):
+            self._saw(pid, version)  # every version the catalog names was handed out
         if events.reset:
             self.feed.replace_latest(events.latest)
             return
@@ -379,13 +379,9 @@ class StoreServer:
         header = parse_header(buf, name=what)
         if header.metadata.get(META_POLICY) != policy_id:
             raise InvalidWeightsError(f"{what}: buffer was packed for {header.metadata.get(META_POLICY)!r}")
-        if header.nbytes > self.hot.capacity_bytes:
-            raise SnapshotTooLargeError(
-                f"{what} is {header.nbytes} bytes, larger than the whole hot tier "
-                f"(hot_capacity_bytes={self.hot.capacity_bytes}); raise the capacity or shrink the snapshot"
-            )
+        check_fits(header.nbytes, self.hot.capacity_bytes, what)
         with self._lock:
-            pending = sum(e.nbytes for _, e in self._items_locked() if e.pending is not None)
+            pending = sum(e.header.nbytes for _, e in self._items_locked() if e.pending is not None)
             committed = self._disk_bytes_locked()
         self.disk.check_room(header.nbytes, committed, pending, what)
         entry = _Entry(header, durable=durable)
@@ -610,7 +606,7 @@ class StoreServer:
             raise
         with self._lock:
             if self._policies.get(sid.policy_id, {}).get(sid.version) is entry:
-                self.hot.add(sid, hot.refs[0], entry.nbytes, hot.header)
+                self.hot.add(sid, hot.refs[0], entry.header.nbytes, hot.header)
             self._count("restores")
         return hot
 
@@ -724,7 +720,7 @@ class StoreServer:
         header = parse_header(buf, name=what)
         if header.checksum != checksum:
             raise CorruptSnapshotError(f"{what}: checksum {header.checksum} != catalog {checksum}")
-        pending = Background() if verified else Background(lambda: check_data(header, iter_data(header, buf), what))
+        pending = Background() if verified else Background.check(buf, header, what)
         try:
             hot = HotSnapshot(sid, head_bytes(buf), [ray.put(shareable(buf))])
         finally:
@@ -744,7 +740,7 @@ class StoreServer:
                 file = local.file if local is not None else None
                 rows.append(SnapshotInfo(
                     id=e.id,
-                    nbytes=local.nbytes if local is not None else e.summary.nbytes,
+                    nbytes=local.header.nbytes if local is not None else e.summary.nbytes,
                     tier="hot" if e.id in self.hot else "disk" if local is not None else "remote",
                     on_disk=file is not None,
                     file_bytes=file.file_bytes if file is not None else 0,
@@ -799,15 +795,11 @@ class StoreServer:
             sid = entry.id
             self.forget(*sid)
             self.feed.deleted(sid)
-            if self.uploads is not None:  # whether or not it got there yet: an upload may be on its way
-                self.uploads.tombstone(sid)
-            for holder in entry.holders:
-                if holder not in (DURABLE, self.node_id):
-                    try:
-                        peers.append(ray.get_actor(store_name(holder, self.league), namespace=NAMESPACE)
-                                     .forget.remote(*sid))
-                    except ValueError:
-                        pass  # that node's store is gone, and its copies with it
+            self._remove_durable(sid)  # whether or not it got there yet: an upload may be on its way
+            for holder in entry.holders:  # a node whose store is gone has lost its copies with it
+                peer = running(store_name(holder, self.league)) if holder not in (DURABLE, self.node_id) else None
+                if peer is not None:
+                    peers.append(peer.forget.remote(*sid))
         if removed:
             self.feed.set_latest(policy_id, self._catalog_latest(policy_id))
         ray.wait(peers, num_returns=len(peers), timeout=30)

@@ -5,6 +5,7 @@ Ray session, or another cluster) starts from nothing, even while handles from th
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -59,7 +60,8 @@ class Session:
         with self.lock:
             follower = self.followers.get(node_id)
             if follower is None:
-                follower = self.followers[node_id] = Follower(node_id, config, self.forget, self.catalog)
+                on_deleted = functools.partial(self.drop, deleted=True)
+                follower = self.followers[node_id] = Follower(node_id, config, on_deleted, self.catalog)
             return follower
 
     def latest(self, policy_id: str, follower: Follower | None) -> int | None:
@@ -85,17 +87,6 @@ class Session:
             self.snapshots[snap.id] = snap
             return snap
 
-    def forget(self, sid: SnapshotId) -> None:
-        """A deleted snapshot: never served again by this process (views already handed out stay valid)."""
-        with self.lock:
-            self.deleted.add(sid)
-            self.snapshots.pop(sid, None)
-            if self.seen.get(sid.policy_id) == sid.version:
-                del self.seen[sid.policy_id]
-            followers = list(self.followers.values())
-        for follower in followers:
-            follower.drop(sid, deleted=True)
-
     def catalog(self, epoch: str) -> None:
         """The catalog's epoch, as pushed: a different one (a new database) numbers versions anew."""
         if epoch != self.catalog_epoch:
@@ -113,13 +104,18 @@ class Session:
             self.deleted.clear()
             self.catalog_epoch = epoch
 
-    def drop(self, sid: SnapshotId) -> None:
-        """A damaged copy: re-fetch on the next get."""
+    def drop(self, sid: SnapshotId, deleted: bool = False) -> None:
+        """A damaged copy: re-fetch on the next get. ``deleted``: a deleted snapshot, never served again by this
+        process (views already handed out stay valid)."""
         with self.lock:
             self.snapshots.pop(sid, None)
+            if deleted:
+                self.deleted.add(sid)
+                if self.seen.get(sid.policy_id) == sid.version:
+                    del self.seen[sid.policy_id]
             followers = list(self.followers.values())
         for follower in followers:
-            follower.drop(sid)
+            follower.drop(sid, deleted)
 
     def close(self) -> None:
         with self.lock:

@@ -42,7 +42,6 @@ LZ4_SUFFIX = ".safetensors.lz4"
 MAX_LZ4_RATIO = 32  # an lz4 file may claim at most this many bytes per stored byte (the writer keeps to it)
 _LZ4_FLOOR = 1024 * 1024  # ... or this much, for tiny files
 _PROBE_BYTES = 4 * 1024 * 1024  # compress this much first; store raw if lz4 saves < 10% on it
-_OVERLAP_BYTES = 8 * 1024 * 1024  # raw files at least this big are checksummed on a thread while put copies them
 _LZ4_STEP = 256 * 1024  # bytes in and at most out per decompression step: the pieces stay in cache
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO in place of a file cannot hang us
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: map and read the whole file in one call
@@ -95,19 +94,11 @@ def load(f: BinaryIO, file: SpillFile, sid: SnapshotId, what: str, expect: Expec
         buf = _read_private(f, what) if private else _map_readonly(f)
         header = parse_header(buf, name=what)
         check_identity(header, sid, expect, what, versioned=versioned)
-        return buf, _check_later(buf, header, what)
+        return buf, Background.check(buf, header, what)
     except (RuntimeError, EOFError) as exc:  # lz4 raises RuntimeError on a damaged frame
         raise CorruptSnapshotError(f"{what}: not a valid lz4 frame ({exc})") from None
     except OSError as exc:
         raise NotTheFile(f"{what}: cannot read {file.path} ({exc.strerror})") from None
-
-
-def _check_later(buf: np.ndarray, header: Header, what: str) -> Background:
-    """The checksum check of a buffer being handed out: on a helper thread for a large one, else done at once."""
-    if header.nbytes < _OVERLAP_BYTES:  # a small buffer checks faster than a thread starts
-        check_data(header, iter_data(header, buf), what)
-        return Background()
-    return Background(lambda: check_data(header, iter_data(header, buf), what))
 
 
 def _map_readonly(f: BinaryIO) -> np.ndarray:

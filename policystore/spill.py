@@ -96,12 +96,10 @@ def open_folder_fd(path: str | os.PathLike, *, follow: bool) -> int:
 def _why(exc: OSError, path: str | os.PathLike, dir_fd: int | None = None) -> str:
     """What an OSError from opening ``path`` without following symlinks means, in words."""
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        try:
+        with suppress(OSError):
             if stat.S_ISLNK(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode):
                 target = "" if dir_fd is not None else f"; give its real path, {os.path.realpath(path)}"
                 return f"a symlink (never followed{target})"
-        except OSError:
-            pass
     return exc.strerror or str(exc)
 
 
@@ -220,17 +218,13 @@ class DiskTier:
 
     def find(self, sid: SnapshotId) -> SpillFile | None:
         """The committed file of ``sid``, raw or compressed, if there is one (regular files only)."""
-        try:
-            with _subfolder(check_policy_id(sid.policy_id), self._fd) as folder:
-                for compressed in (False, True):
-                    try:
-                        st = os.stat(file_name(sid.version, compressed), dir_fd=folder, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
+        # an OSError: no folder, or not a real one
+        with suppress(OSError), _subfolder(check_policy_id(sid.policy_id), self._fd) as folder:
+            for compressed in (False, True):
+                with suppress(FileNotFoundError):
+                    st = os.stat(file_name(sid.version, compressed), dir_fd=folder, follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):
                         return SpillFile(self.path_for(sid, compressed), compressed, st.st_size)
-        except OSError:
-            pass  # no folder, or not a real one
         return None
 
     # ---- writing -------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import stat
 import threading
 import uuid
 import weakref
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
@@ -65,10 +66,8 @@ class StagingFile:
     def remove(self) -> None:
         """Unmap, close and remove the file (also done when the object is collected or the process exits)."""
         if self._map is not None:
-            try:
+            with suppress(BufferError):  # an array still views it: unmapped when that goes
                 self._map.close()
-            except BufferError:  # an array still views it: unmapped when that goes
-                pass
             self._map = None
         self._finalizer()
 
@@ -134,7 +133,5 @@ class StagingMaps:
             for path in [p for p in self._maps if not os.path.exists(p)] + list(self._maps)[:-_MAX_MAPS]:
                 _, mapped = self._maps.pop(path, (None, None))
                 if mapped is not None:
-                    try:
+                    with suppress(BufferError):  # a publish still copies from it: unmapped once that is done
                         mapped.close()
-                    except BufferError:  # a publish still copies from it: unmapped once that is done
-                        pass

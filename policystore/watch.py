@@ -333,11 +333,6 @@ class PushState:
     follows: tuple[str, ...] = ()  # policies this process opened: only theirs are pushed with refs
 
 
-def _parse_pushed(snap: HotSnapshot) -> Header:
-    """The header of a pushed snapshot, parsed off the read path (its total size is in the header itself)."""
-    return parse_head(snap.header, name=str(snap.id))
-
-
 class Follower:
     """Reader side: follows one node store from a daemon thread (waiting on the store's doorbell, calling the store
     when there is news); thread-safe lookups for the read path. Pushed refs only of the policies this process
@@ -485,9 +480,9 @@ class Follower:
             self._epoch = None  # a different store answered (restarted): ask for its whole state
             return
         parsed = {}
-        for snap in events.hot:
+        for snap in events.hot:  # parsed here, off the read path (the header says the snapshot's size)
             try:
-                parsed[snap.id] = (snap.refs[0], _parse_pushed(snap))
+                parsed[snap.id] = (snap.refs[0], parse_head(snap.header, name=str(snap.id)))
             except Exception as exc:  # never trust a header unchecked; such a snapshot is read with a round trip
                 log.warning("policystore: ignoring pushed %s: %s", snap.id, exc)
         if events.reset and events.epoch.catalog:

@@ -57,7 +57,7 @@ class ClusterSource(Source):
         import ray
 
         from .. import client
-        from ..config import NAMESPACE, catalog_name, store_name
+        from ..config import catalog_name, running, store_name
 
         if not ray.is_initialized():
             check_reachable(address)
@@ -71,13 +71,13 @@ class ClusterSource(Source):
             self.close()
             raise
         self.where = f"league {league!r} on cluster {address or ray.get_runtime_context().gcs_address}"
-        if not _actor_exists(catalog_name(league), NAMESPACE):
+        if running(catalog_name(league)) is None:
             self.close()
             raise PolicyStoreError(f"no policystore catalog runs for {self.where}") from None
         alive = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-        running = [n for n in alive if _actor_exists(store_name(n, league), NAMESPACE)]
+        serving = [n for n in alive if running(store_name(n, league)) is not None]
         here = ray.get_runtime_context().get_node_id()
-        self.stores = {n: client.connect(node_id=n, league=league) for n in running or [here]}
+        self.stores = {n: client.connect(node_id=n, league=league) for n in serving or [here]}
         self.local = self.stores.get(here) or next(iter(self.stores.values()))
 
     def close(self) -> None:
@@ -146,7 +146,6 @@ class DurableSource(Source):
         return self.tier.read(row.id, Expected(*row.id, row.checksum))
 
 
-
 class FolderSource(Source):
     """A spill folder or a durable tier's folder, read through the store's Ray-free reader."""
 
@@ -175,7 +174,6 @@ class FolderSource(Source):
         return self.reader.get(*row.id).buffer
 
 
-
 def _problems(check: Callable[[], object]) -> list[str]:
     try:
         check()
@@ -201,16 +199,6 @@ def check_reachable(address: str | None, timeout_s: float = REACH_TIMEOUT_S) -> 
             f"no Ray cluster answers at {address} ({exc.strerror or exc}): start one (ray start --head) or give the "
             "head node's address (ray status prints it)"
         ) from None
-
-
-def _actor_exists(name: str, namespace: str) -> bool:
-    import ray
-
-    try:
-        ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        return False
-    return True
 
 
 def open_source(args: argparse.Namespace) -> Source:
