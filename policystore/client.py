@@ -68,6 +68,9 @@ follow_generation(current_ray_session)
 RETRY_TIMEOUT_S = 60.0
 _RESTARTING = (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError)
 _OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, ray.exceptions.ObjectFetchTimedOutError)
+# A snapshot's object is on this node (the store holds it), so its ray.get is a local map. One that has not answered
+# within call_timeout_s never will (seen: a pushed ref whose get waited forever): drop that ref and ask the store.
+_NOT_ARRIVED = (*_OBJECT_GONE, ray.exceptions.GetTimeoutError)
 
 
 @functools.cache
@@ -340,8 +343,11 @@ class PolicyStore:
         from .snapshot import Snapshot
 
         try:
-            buffer = open_shared(ray.get(ref), what=str(sid))
-        except _OBJECT_GONE:  # the store restarted: the push will bring its new refs
+            buffer = open_shared(ray.get(ref, timeout=self.config.call_timeout_s), what=str(sid))
+        except _NOT_ARRIVED as exc:  # the store restarted (the push will bring its new refs), or the ref is stuck
+            if isinstance(exc, ray.exceptions.GetTimeoutError):
+                log.warning("policystore: the pushed copy of %s did not arrive within %.0f s; asking the store",
+                            sid, self.config.call_timeout_s)
             self._follower.drop(sid)
             return None
         self._follower.used(sid)  # told to the store with the next long poll, for its LRU order
@@ -367,8 +373,8 @@ class PolicyStore:
             if snap is not None and snap.header_bytes == hot.header:  # else another catalog's snapshot of that name
                 return snap
             try:
-                buffer = open_shared(ray.get(hot.refs[0]), what=str(sid))
-            except _OBJECT_GONE:  # the store restarted between resolve and get: its old objects died with it
+                buffer = open_shared(ray.get(hot.refs[0], timeout=self.config.call_timeout_s), what=str(sid))
+            except _NOT_ARRIVED:  # the store restarted between resolve and get (its old objects died with it)
                 if time.monotonic() > deadline:
                     raise
                 continue

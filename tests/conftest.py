@@ -45,7 +45,8 @@ def pytest_runtest_protocol(item):
     """Shortly before pytest-timeout fails a stuck test (its stack shows only this process's side), print the
     Python stack of every Ray worker process on the machine: the call that never returns waits on one of them."""
     limit = item.config.getini("timeout")
-    timer = threading.Timer(max(float(limit or 0) - 30, 1), _print_ray_stacks) if limit else None
+    capture = item.config.pluginmanager.getplugin("capturemanager")
+    timer = threading.Timer(max(float(limit or 0) - 30, 1), _print_ray_stacks, (capture,)) if limit else None
     if timer is not None:
         timer.daemon = True
         timer.start()
@@ -54,7 +55,12 @@ def pytest_runtest_protocol(item):
         timer.cancel()
 
 
-def _print_ray_stacks() -> None:
+def _print_ray_stacks(capture) -> None:
+    with capture.global_and_fixture_disabled():  # to the terminal: the timeout ends the process, captures and all
+        _print_each_ray_stack()
+
+
+def _print_each_ray_stack() -> None:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])

@@ -264,6 +264,29 @@ def test_first_get_of_an_unopened_hot_snapshot_never_asks_the_catalog(make_store
         os.kill(catalog, signal.SIGCONT)
 
 
+@ray.remote(num_cpus=0)
+class Never:
+    def value(self) -> None:
+        threading.Event().wait()  # a result that never comes
+
+
+def test_a_pushed_ref_that_never_arrives_is_dropped_and_the_store_asked(make_store):
+    """A pushed ref whose ``ray.get`` waits forever (seen once in a loaded suite run) costs a read one call
+    deadline, then the store is asked: the read returns the snapshot instead of hanging."""
+    store = make_store(call_timeout_s=2.0, max_staleness_s=60.0)
+    store.publish("stuck", weights_of_mib(0.1, seed=3))
+    sid = store.get("stuck").id  # opened (and let go): its pushes now come with refs
+    follower = store._follower
+    eventually(lambda: follower.hot(sid) is not None, "the pushed ref")
+    never = Never.remote()
+    follower._hot[sid] = (never.value.remote(), follower.hot(sid)[1])  # the fault: a ref that never resolves
+    before = round_trips(store)
+    snap = store.get("stuck")
+    assert snap.id == sid and torch.equal(snap["w"], weights_of_mib(0.1, seed=3)["w"])
+    assert round_trips(store) - before == 1  # the stuck ref was given up on and the store asked
+    ray.kill(never)
+
+
 def test_clear_cache_drops_this_process_snapshots(make_store):
     store = make_store()  # a new catalog (the previous test's was stopped): its epoch is pushed to this process
     store.publish("p", net().state_dict())
