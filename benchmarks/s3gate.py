@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Callable
 
 MODES = ("up", "down", "hang", "errors")
 _ERROR_REPLY = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -19,7 +23,6 @@ class S3Gate:
 
     def __init__(self, bucket: str = "league", server_port: int | None = None):
         import pyarrow.fs as pafs
-        from moto.server import ThreadedMotoServer
 
         for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                             ("AWS_DEFAULT_REGION", "us-east-1")):
@@ -29,15 +32,15 @@ class S3Gate:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 self.server_port = s.getsockname()[1]
-            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.server_port, verbose=False)
-            self._server.start()
+            self._server = _start_server(self.server_port)
             pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
                               endpoint_override=f"127.0.0.1:{self.server_port}", allow_bucket_creation=True
                               ).create_dir(bucket)
         self.mode = "up"
         self.hung = 0  # connections accepted in ``hang`` mode and left unanswered
         self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
+        self._sockets: list[socket.socket] = []  # connections piped or refused: their threads close them
+        self._hung: list[socket.socket] = []
         self._listener: socket.socket | None = None
         self.port = 0
         self._listen()
@@ -56,7 +59,10 @@ class S3Gate:
         with self._lock:
             self.mode = mode
             sockets, self._sockets = self._sockets, []
+            hung, self._hung = self._hung, []
         close_all(sockets)
+        for s in hung:
+            s.close()
         if mode == "down" and self._listener is not None:
             try:
                 self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept (close alone does not)
@@ -70,7 +76,8 @@ class S3Gate:
     def close(self) -> None:
         self.set("down")
         if self._server is not None:
-            self._server.stop()
+            self._server.kill()
+            self._server.wait()
 
     def _listen(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again
@@ -92,6 +99,8 @@ class S3Gate:
             if mode == "hang":
                 with self._lock:
                     self.hung += 1
+                    self._sockets.remove(client)
+                    self._hung.append(client)  # no thread uses it: closed by the next switch
                 continue  # held open, never read, never answered
             if mode == "errors":
                 threading.Thread(target=self._refuse, args=(client,), daemon=True).start()
@@ -103,8 +112,7 @@ class S3Gate:
                 continue
             with self._lock:
                 self._sockets.append(upstream)
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(src, dst), daemon=True).start()
+            connect(client, upstream)
 
     @staticmethod
     def _refuse(client: socket.socket) -> None:
@@ -117,19 +125,58 @@ class S3Gate:
             client.close()
 
 
+def _start_server(port: int) -> subprocess.Popen:
+    """moto's S3 server in a process of its own (not a thread of this one): a client that crashes or corrupts
+    memory under a fault takes down only itself, and the server's work does not compete for this process's GIL."""
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"moto's S3 server did not start on port {port} (exit {server.poll()})") from None
+            time.sleep(0.1)
+
+
 def close_all(sockets: list[socket.socket]) -> None:
-    """Shut down and close every socket: a peer blocked on one of them wakes up with an error."""
+    """Shut every socket down: a peer or a thread blocked on one of them wakes up with EOF or an error. They are
+    closed by the threads that use them (``pipe``), never here: a socket closed while another thread is about to
+    call ``recv`` or ``send`` on it frees its descriptor number for the next socket or file this process opens,
+    and that call would then read or write someone else's connection."""
     for s in sockets:
         try:
             s.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        s.close()
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def pipe(src: socket.socket, dst: socket.socket, pending: list[int], forward: Callable[[bytes], bool] = bool) -> None:
+    """Copy ``src`` to ``dst`` until either end closes or ``forward(data)`` says stop; the second of the two pipes
+    of a connection (``pending`` counts them) closes both sockets."""
     try:
-        while data := src.recv(1 << 16):
+        while (data := src.recv(1 << 16)) and forward(data):
             dst.sendall(data)
     except OSError:
         pass
+    finally:
+        close_all([src, dst])
+        with _pipes_lock:
+            pending[0] -= 1
+            last = pending[0] == 0
+        if last:
+            src.close()
+            dst.close()
+
+
+_pipes_lock = threading.Lock()
+
+
+def connect(a: socket.socket, b: socket.socket, forward: Callable[[bytes], bool] = bool) -> None:
+    """Pipe ``a`` and ``b`` both ways, each way on a daemon thread; ``forward`` sees what goes from ``a`` to ``b``."""
+    pending = [2]
+    threading.Thread(target=pipe, args=(a, b, pending, forward), daemon=True).start()
+    threading.Thread(target=pipe, args=(b, a, pending), daemon=True).start()

@@ -38,6 +38,7 @@ from .deadline import wait
 from .errors import (
     ConfigError,
     CorruptSnapshotError,
+    DeadlineExceededError,
     PolicyStoreError,
     StoreUnavailableError,
     UnknownVersionError,
@@ -374,9 +375,12 @@ class PolicyStore:
                 return snap
             try:
                 buffer = open_shared(ray.get(hot.refs[0], timeout=self.config.call_timeout_s), what=str(sid))
-            except _NOT_ARRIVED:  # the store restarted between resolve and get (its old objects died with it)
+            except _NOT_ARRIVED as exc:  # the store restarted between resolve and get (its old objects died with it)
                 if time.monotonic() > deadline:
-                    raise
+                    stuck = isinstance(exc, ray.exceptions.GetTimeoutError)
+                    error = DeadlineExceededError if stuck else StoreUnavailableError
+                    raise error(f"{sid}: the store's copy did not reach this process within {RETRY_TIMEOUT_S:.0f} s "
+                                f"({type(exc).__name__})") from exc
                 continue
             if self._follower is not None:  # from now on its new versions are pushed to this process
                 self._follower.used(sid)

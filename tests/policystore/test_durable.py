@@ -17,7 +17,7 @@ import torch
 from helpers import RESTARTING, eventually
 
 import policystore
-from benchmarks.s3gate import S3Gate, close_all
+from benchmarks.s3gate import S3Gate, close_all, connect
 from policystore.config import NAMESPACE, store_name
 from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.errors import (
@@ -260,33 +260,27 @@ class _DyingProxy:
             try:
                 client, _ = self._listener.accept()
             except OSError:
+                self._listener.close()
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
             with self._lock:
                 self._sockets += [client, upstream]
-            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+            connect(client, upstream, self._count)
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, upward: bool) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                if upward:
-                    with self._lock:
-                        self.sent += len(data)
-                        over = self.sent > self.cut_after
-                    if over:
-                        self.die()
-                        return
-                dst.sendall(data)
-        except OSError:
-            pass
+    def _count(self, data: bytes) -> bool:
+        """Whether ``data`` (on its way upstream) still goes through; past ``cut_after`` bytes the proxy dies."""
+        with self._lock:
+            self.sent += len(data)
+            over = self.sent > self.cut_after
+        if over:
+            self.die()
+        return not over
 
     def die(self) -> None:
         with self._lock:
             self.dead = True
             sockets, self._sockets = self._sockets, []
-        self._listener.close()
-        close_all(sockets)
+        close_all([self._listener, *sockets])  # each is closed by the thread that uses it
 
 
 SIZE = 24 * 1024 * 1024  # large enough for a multipart upload

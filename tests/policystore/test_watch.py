@@ -2,6 +2,7 @@
 fallback when the push is stale or the store restarts, deletes, eviction letting go of memory, Ray sessions,
 followers beyond the store's watch threads, and refs pushed only for what a reader opened."""
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ import policystore
 from policystore.config import CATALOG_NAME, NAMESPACE, store_name
 from policystore.errors import UnknownPolicyError, UnknownVersionError
 from policystore.ids import SnapshotId
+from policystore.server import StoreServer
 from policystore.watch import Feed
 from policystore.wire import FeedEpoch, HotSnapshot
 
@@ -284,6 +286,26 @@ def test_a_pushed_ref_that_never_arrives_is_dropped_and_the_store_asked(make_sto
     snap = store.get("stuck")
     assert snap.id == sid and torch.equal(snap["w"], weights_of_mib(0.1, seed=3)["w"])
     assert round_trips(store) - before == 1  # the stuck ref was given up on and the store asked
+    ray.kill(never)
+
+
+def test_a_store_ref_that_never_arrives_ends_in_an_error_naming_the_snapshot(make_store, monkeypatch):
+    """After its retries, a read whose store copy never reaches the process raises the store's own deadline error
+    naming the snapshot (not Ray's bare GetTimeoutError)."""
+    store = make_store(call_timeout_s=1.0, max_staleness_s=60.0)
+    store.publish("lost", weights_of_mib(0.1, seed=4))
+    never = Never.remote()
+    stuck = never.value.remote()
+    answer = store._call
+
+    def call(method, *args, **kwargs):  # the fault: the store's answer carries a ref that never resolves
+        hot = answer(method, *args, **kwargs)
+        return dataclasses.replace(hot, refs=[stuck]) if method is StoreServer.resolve else hot
+
+    monkeypatch.setattr(store, "_call", call)
+    monkeypatch.setattr(policystore.client, "RETRY_TIMEOUT_S", 1.5)
+    with pytest.raises(policystore.DeadlineExceededError, match="lost@v1"):
+        store.get("lost")
     ray.kill(never)
 
 
