@@ -64,7 +64,7 @@ def _print_each_ray_stack() -> None:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "default_worker.py" in cmdline or cmdline.startswith("ray::"):
+        if cmdline.startswith("ray::"):  # Ray's workers name themselves so (idle ones "ray::IDLE")
             dump = subprocess.run([py_spy, "dump", "--pid", str(proc.info["pid"])], capture_output=True, text=True,
                                   timeout=30, check=False)
             print(f"--- Ray process {proc.info['pid']}: {cmdline[:120]}\n{dump.stdout}{dump.stderr}", file=sys.stderr)
