@@ -76,8 +76,12 @@ class S3Gate:
     def close(self) -> None:
         self.set("down")
         if self._server is not None:
-            self._server.kill()
-            self._server.wait()
+            self._server.stdin.close()
+            try:
+                self._server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
 
     def _listen(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again
@@ -125,10 +129,21 @@ class S3Gate:
             client.close()
 
 
+_SERVER = """
+import sys
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+server.start()
+sys.stdin.read()  # until the parent closes the pipe, or dies
+server.stop()
+"""
+
+
 def _start_server(port: int) -> subprocess.Popen:
     """moto's S3 server in a process of its own (not a thread of this one): a client that crashes or corrupts
-    memory under a fault takes down only itself, and the server's work does not compete for this process's GIL."""
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    memory under a fault takes down only itself, and the server's work does not compete for this process's GIL.
+    It ends with its parent (its stdin closes)."""
+    server = subprocess.Popen([sys.executable, "-c", _SERVER, str(port)], stdin=subprocess.PIPE,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
