@@ -128,8 +128,9 @@ def test_workers_on_a_node_share_one_copy(make_store, readers):
     """4 workers x 8 snapshots of 4 MiB: the store's one copy serves them all; private copies cost one per worker.
 
     Node memory = PSS summed over every process of the Ray session (raylet and its object store included),
-    measured once the snapshots are published. The bounds are deliberately generous; the exact figures (and the
-    publish-side transients) are the memory_scaling benchmark's job.
+    measured once the snapshots are published. The claim is a relation measured side by side: all 4 workers on
+    views add less than ONE worker's private copies (what the session's other processes grow meanwhile moves with
+    the machine's load, so no absolute bound); the figures themselves are the memory_scaling benchmark's job.
     """
     store = make_store()
     k, one_copy = 8, 8 * 4 * MiB
@@ -143,8 +144,9 @@ def test_workers_on_a_node_share_one_copy(make_store, readers):
     ray.get([r.load.remote(k, private=True) for r in readers])
     private = session_pss_bytes() - published
     ray.get([r.drop.remote() for r in readers])
-    assert shared < 0.5 * one_copy, f"{len(readers)} workers with views added {shared / one_copy:.2f} copies"
     assert private > 2.5 * one_copy, f"private copies added only {private / one_copy:.2f} copies: method broken?"
+    assert shared < private / len(readers), (f"{len(readers)} workers with views added {shared / one_copy:.2f} "
+                                             f"copies, private copies {private / one_copy:.2f}")
 
 
 def test_the_store_process_gives_big_freed_buffers_back_to_the_os(make_store):
