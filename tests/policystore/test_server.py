@@ -137,6 +137,8 @@ def test_workers_on_a_node_share_one_copy(make_store, readers):
     ray.get(readers[0].publish_nets.remote(k))
     assert store.stats().hot_bytes >= one_copy
     ray.get([r.store_actor_id.remote() for r in readers])  # every worker connected (imports are not snapshots)
+    ray.get([r.load.remote(1, private=False) for r in readers])  # and warm: a process's first forward pass starts
+    ray.get([r.drop.remote() for r in readers])  # torch's threads (their stacks and heaps are not snapshots either)
     published = session_pss_bytes()
     results = ray.get([r.load.remote(k, private=False) for r in readers])
     assert len(set(results)) == 1  # every worker computes with the same weights
