@@ -159,7 +159,7 @@ def _start_server(port: int) -> subprocess.Popen:
 
 def close_all(sockets: list[socket.socket]) -> None:
     """Shut every socket down: a peer or a thread blocked on one of them wakes up with EOF or an error. They are
-    closed by the threads that use them (``pipe``), never here: a socket closed while another thread is about to
+    closed by the threads that use them (``connect``), never here: a socket closed while another thread is about to
     call ``recv`` or ``send`` on it frees its descriptor number for the next socket or file this process opens,
     and that call would then read or write someone else's connection."""
     for s in sockets:
@@ -169,9 +169,9 @@ def close_all(sockets: list[socket.socket]) -> None:
             pass
 
 
-def pipe(src: socket.socket, dst: socket.socket, pending: list[int], forward: Callable[[bytes], bool] = bool) -> None:
-    """Copy ``src`` to ``dst`` until either end closes or ``forward(data)`` says stop; the second of the two pipes
-    of a connection (``pending`` counts them) closes both sockets."""
+def _copy(src: socket.socket, dst: socket.socket, forward: Callable[[bytes], bool]) -> None:
+    """Copy ``src`` to ``dst`` until either end closes or ``forward(data)`` says stop; then shut both down (which
+    ends the copy the other way too)."""
     try:
         while (data := src.recv(1 << 16)) and forward(data):
             dst.sendall(data)
@@ -179,19 +179,17 @@ def pipe(src: socket.socket, dst: socket.socket, pending: list[int], forward: Ca
         pass
     finally:
         close_all([src, dst])
-        with _pipes_lock:
-            pending[0] -= 1
-            last = pending[0] == 0
-        if last:
-            src.close()
-            dst.close()
-
-
-_pipes_lock = threading.Lock()
 
 
 def connect(a: socket.socket, b: socket.socket, forward: Callable[[bytes], bool] = bool) -> None:
-    """Pipe ``a`` and ``b`` both ways, each way on a daemon thread; ``forward`` sees what goes from ``a`` to ``b``."""
-    pending = [2]
-    threading.Thread(target=pipe, args=(a, b, pending, forward), daemon=True).start()
-    threading.Thread(target=pipe, args=(b, a, pending), daemon=True).start()
+    """Pipe ``a`` and ``b`` both ways on daemon threads; ``forward`` sees what goes from ``a`` to ``b``. Once both
+    ways have ended, the thread that copies ``a`` to ``b`` closes the two sockets (no other thread uses them then)."""
+    def run() -> None:
+        back = threading.Thread(target=_copy, args=(b, a, bool), daemon=True)
+        back.start()
+        _copy(a, b, forward)
+        back.join()
+        a.close()
+        b.close()
+
+    threading.Thread(target=run, daemon=True).start()

@@ -339,12 +339,17 @@ class PolicyStore:
                 return snap
         return self._resolve(session, policy_id, version)
 
+    def _map(self, ref: ray.ObjectRef, sid: SnapshotId) -> np.ndarray:
+        """The read-only bytes of a snapshot's object on this node: a local map, so its ``ray.get`` waits at most
+        ``call_timeout_s`` (_NOT_ARRIVED otherwise)."""
+        return open_shared(ray.get(ref, timeout=self.config.call_timeout_s), what=str(sid))
+
     def _open_pushed(self, session: Session, sid: SnapshotId, ref: ray.ObjectRef, header: Header) -> Snapshot | None:
         """A snapshot from a ref the push handed this process: one ``ray.get``, no call to the store."""
         from .snapshot import Snapshot
 
         try:
-            buffer = open_shared(ray.get(ref, timeout=self.config.call_timeout_s), what=str(sid))
+            buffer = self._map(ref, sid)
         except _NOT_ARRIVED as exc:  # the store restarted (the push will bring its new refs), or the ref is stuck
             if isinstance(exc, ray.exceptions.GetTimeoutError):
                 log.warning("policystore: the pushed copy of %s did not arrive within %.0f s; asking the store",
@@ -374,7 +379,7 @@ class PolicyStore:
             if snap is not None and snap.header_bytes == hot.header:  # else another catalog's snapshot of that name
                 return snap
             try:
-                buffer = open_shared(ray.get(hot.refs[0], timeout=self.config.call_timeout_s), what=str(sid))
+                buffer = self._map(hot.refs[0], sid)
             except _NOT_ARRIVED as exc:  # the store restarted between resolve and get (its old objects died with it)
                 if time.monotonic() > deadline:
                     stuck = isinstance(exc, ray.exceptions.GetTimeoutError)

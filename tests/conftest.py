@@ -56,18 +56,15 @@ def pytest_runtest_protocol(item):
 
 
 def _print_ray_stacks(capture) -> None:
-    with capture.global_and_fixture_disabled():  # to the terminal: the timeout ends the process, captures and all
-        _print_each_ray_stack()
-
-
-def _print_each_ray_stack() -> None:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if cmdline.startswith("ray::"):  # Ray's workers name themselves so (idle ones "ray::IDLE")
-            dump = subprocess.run([py_spy, "dump", "--pid", str(proc.info["pid"])], capture_output=True, text=True,
-                                  timeout=30, check=False)
-            print(f"--- Ray process {proc.info['pid']}: {cmdline[:120]}\n{dump.stdout}{dump.stderr}", file=sys.stderr)
+    with capture.global_and_fixture_disabled():  # to the terminal: the timeout ends the process, captures and all
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if cmdline.startswith("ray::"):  # Ray's workers name themselves so (idle ones "ray::IDLE")
+                dump = subprocess.run([py_spy, "dump", "--pid", str(proc.info["pid"])], capture_output=True,
+                                      text=True, timeout=30, check=False)
+                print(f"--- Ray process {proc.info['pid']}: {cmdline[:120]}\n{dump.stdout}{dump.stderr}",
+                      file=sys.stderr)
 
 
 @pytest.hookimpl(tryfirst=True)
