@@ -46,4 +46,17 @@ def win_block_player(env: VecConnectFour, env_ids: np.ndarray, rng: np.random.Ge
     return sample_legal(choice, rng)
 
 
+def random_opening(env: VecConnectFour, lengths: np.ndarray, rng: np.random.Generator) -> None:
+    """Play ``lengths[i]`` uniformly random moves in game ``i``, never one that completes four, so every game is
+    still running afterwards. Games that start here reach middle-game positions that a league's games, which
+    follow its players' own openings, never meet."""
+    lengths = np.asarray(lengths)
+    for t in range(int(lengths.max(initial=0))):
+        ids = np.flatnonzero((lengths > t) & ~env.done)
+        me = (env.to_move[ids] - 1).astype(np.int64)
+        quiet = env.legal_mask(ids) & ~winning_columns(env, ids, me)
+        some = quiet.any(axis=1)  # a game whose every legal move wins ends its opening here
+        env.step(sample_legal(quiet[some], rng), ids[some])
+
+
 BASELINES: dict[str, Player] = {"random": random_player, "winblock": win_block_player}

@@ -43,6 +43,9 @@ class Game:
     # Left-right symmetric rules: a position with its planes' last axis reversed is as good as the original, with
     # move a there being num_actions - 1 - a here (Connect Four's mirror). Rollouts may then train on both.
     mirrored: bool = False
+    # (env, lengths, rng) -> None: plays lengths[i] random moves in game i and leaves every game running; rollouts
+    # start a share of their games there, to meet positions the league's own openings never reach (None: no such).
+    opening: Callable[[VecGame, np.ndarray, np.random.Generator], None] | None = None
 
     def net(self, hidden: int) -> PolicyNet:
         return PolicyNet(hidden, self.plane_shape, self.num_actions)

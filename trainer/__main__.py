@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    f"(Connect Four; default {dl.scripted_share:g}; 0: none)")
     p.add_argument("--no-mirror", action="store_true",
                    help="train on the positions as played, not on randomly mirrored ones")
+    p.add_argument("--opening-share", type=float, default=d.opening_share,
+                   help="share of the games that start after a random opening of 1 to "
+                   f"{d.opening_moves} moves (Connect Four; default {d.opening_share:g}; 0: none)")
     p.add_argument("--ppo-epochs", type=int, default=d.ppo.epochs,
                    help=f"PPO epochs per batch (default {d.ppo.epochs})")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -65,15 +68,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The run's config: the defaults with what the command line sets. The scripted players are Connect Four's,
-    so other games train without the curriculum."""
+    """The run's config: the defaults with what the command line sets. The scripted players and the random
+    openings are Connect Four's, so other games train without them."""
     d = TrainConfig()
     connect4 = args.game == CONNECT4.name
     return TrainConfig(
         minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, game=args.game, seed=args.seed,
         workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
         learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus, reference_games=args.reference_games,
-        mirror=not args.no_mirror, ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs),
+        mirror=not args.no_mirror, opening_share=args.opening_share if connect4 else 0.0,
+        ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs),
         league=dataclasses.replace(d.league, main_agents=args.main_agents, main_exploiters=args.main_exploiters,
                                    league_exploiters=args.league_exploiters, main_share=args.main_share,
                                    scripted=d.league.scripted if connect4 and args.scripted_share else (),

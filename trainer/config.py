@@ -35,6 +35,8 @@ class TrainConfig:
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=2, batch=8192, minibatch=2048))
     publish_every: int = 1           # learner updates between published versions
     mirror: bool = True              # learners train on randomly mirrored positions (left-right symmetric games)
+    opening_share: float = 0.6       # games that start after 1..opening_moves random moves (Connect Four)
+    opening_moves: int = 20
     weights: str = STORE             # workers' policies: store views; PRIVATE copies (benchmark only)
     learner_cpus: float = 0.25       # Ray resources per learner shard (they only reserve, not limit)
     learner_gpus: float = 0.0        # per shard; fractions let shards share one GPU
@@ -54,6 +56,9 @@ class TrainConfig:
             raise ValueError("need at least one worker and two games per match (one per seat)")
         if self.hidden < 1 or self.publish_every < 1:
             raise ValueError("hidden and publish_every must be >= 1")
+        if not 0 <= self.opening_share <= 1 or self.opening_moves < 1:
+            raise ValueError(f"opening_share must lie in [0, 1] and opening_moves be >= 1, got "
+                             f"{self.opening_share} and {self.opening_moves}")
         if self.reference_games < 0:
             raise ValueError(f"reference_games must be >= 0, got {self.reference_games}")
         if self.league.scripted:

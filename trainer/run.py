@@ -66,7 +66,7 @@ class Trainer:
         devices = ray.get([learner.stats.remote() for learner in self.learners.values()])
         self.console.print("learner shards: " + ", ".join(f"{s['player']} on {s['device']}" for s in devices))
         worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights, game=c.game,
-                                     mirror=c.mirror)
+                                     mirror=c.mirror, opening_share=c.opening_share, opening_moves=c.opening_moves)
         worker = ray.remote(RolloutWorker)
         self.workers = [worker.options(num_cpus=c.worker_cpus).remote(
             self.league, self.learners, worker_config, c.seed * 1000 + i) for i in range(c.workers)]

@@ -97,7 +97,8 @@ def mirror(planes: np.ndarray, legal: np.ndarray, flip: np.ndarray) -> tuple[np.
 
 
 def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool] = (False, False),
-         gamma: float = 0.99, lam: float = 0.95, mirror_rng: np.random.Generator | None = None) -> Outcome:
+         gamma: float = 0.99, lam: float = 0.95, mirror_rng: np.random.Generator | None = None,
+         opening: Callable[[VecGame], None] | None = None) -> Outcome:
     """Play every game in ``env`` to the end: side 0 moves first in even games, second in odd ones.
 
     ``record[s]`` keeps side ``s``'s moves for training; the batch holds both sides' moves when both are
@@ -107,9 +108,15 @@ def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool
     side is chosen, at random with probability 1/2, on the mirrored position and mirrored back, and recorded as
     the net saw it. The learner then trains on both orientations with log-probs that match its samples exactly,
     for no extra forward or backward pass.
+
+    ``opening`` plays the games' first moves after the reset (a random opening, ``Game.opening``); the policies
+    take over from there, and the opening's moves are neither recorded nor counted in ``steps``.
     """
     n = env.num_envs
     env.reset()
+    if opening is not None:
+        opening(env)
+    opened = env.moves.copy()
     seat0 = np.where(np.arange(n) % 2 == 0, 1, 2).astype(np.int8)  # side 0's player number per game
     recorders = [Trajectories(n, env.plane_shape, env.num_actions, env.max_moves) if r else None for r in record]
     same = policies[0] is policies[1]
@@ -145,4 +152,4 @@ def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool
                for s, rec in enumerate(recorders) if rec is not None]
     batch = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]} if batches else None
     return Outcome(int((reward0 > 0).sum()), int((reward0 == 0).sum()), int((reward0 < 0).sum()),
-                   int(env.moves.sum()), batch)
+                   int((env.moves - opened).sum()), batch)

@@ -10,6 +10,7 @@ it instead of piling up stale trajectories.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ import policystore
 from league.baselines import BASELINES
 from league.games import CONNECT4, get_game
 from league.matchmaking import Match, MatchResult
+from league.vecgame import VecGame
 from policystore.memory import MiB, process_pss_bytes
 from workers.modules import STORE, SnapshotModules
 from workers.play import net_policy, play, scripted_policy
@@ -36,6 +38,8 @@ class WorkerConfig:
     game: str = CONNECT4.name
     module_cache: int = 16      # modules (views) kept per worker
     mirror: bool = True         # learners' moves on randomly mirrored positions (games with Game.mirrored)
+    opening_share: float = 0.0  # games of a match that start after a random opening (games with Game.opening)
+    opening_moves: int = 20     # an opening's length is uniform in 1..opening_moves
 
 
 class RolloutWorker:
@@ -50,6 +54,7 @@ class RolloutWorker:
         self.generator = torch.Generator().manual_seed(seed)
         self.rng = np.random.default_rng(seed)
         self.mirror_rng = self.rng if config.mirror and game.mirrored else None
+        self.game = game
         self.in_flight: dict[str, ray.ObjectRef] = {}
         self.steps = 0
         self.matches = 0
@@ -68,7 +73,7 @@ class RolloutWorker:
             record = (True, False)
         start = time.perf_counter()
         outcome = play(self.env, (policy, opponent), record, self.config.gamma, self.config.gae_lambda,
-                       self.mirror_rng)
+                       self.mirror_rng, self.opening())
         self.play_seconds += time.perf_counter() - start
         previous = self.in_flight.get(match.learner)
         if previous is not None:
@@ -78,6 +83,15 @@ class RolloutWorker:
         self.matches += 1
         return MatchResult(match.learner, match.opponent, outcome.wins, outcome.draws, outcome.losses,
                            outcome.steps)
+
+    def opening(self) -> Callable[[VecGame], None] | None:
+        """This match's random openings: ``opening_share`` of the games, each of a uniform length."""
+        share, game = self.config.opening_share, self.game
+        if share <= 0 or game.opening is None:
+            return None
+        n = self.env.num_envs
+        lengths = np.where(self.rng.random(n) < share, self.rng.integers(1, self.config.opening_moves + 1, n), 0)
+        return lambda env: game.opening(env, lengths, self.rng)
 
     def run(self, seconds: float) -> dict[str, Any]:
         """Play matches for ``seconds`` (at least one, however loaded the machine); returns once every trajectory

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from league.baselines import random_player, win_block_player, winning_columns
+from league.baselines import random_opening, random_player, win_block_player, winning_columns
 from league.connect4 import COLS, ROWS, VecConnectFour, canonical, is_win
 
 
@@ -153,3 +153,20 @@ def test_scripted_players_only_play_legal_moves_to_the_end():
         results.append(env.winner.copy())
     # The win/block player beats random by a wide margin in both seats.
     assert (results[0] == 1).mean() > 0.8 and (results[1] == 2).mean() > 0.8
+
+
+def test_a_random_opening_plays_each_games_length_and_leaves_every_game_running():
+    env = VecConnectFour(2000)
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(0, 30, env.num_envs)
+    random_opening(env, lengths, rng)
+    assert not env.done.any()
+    # A game stops short only where every legal move would complete four (rare this early, never below 7 stones).
+    short = env.moves < lengths
+    assert (env.moves <= lengths).all() and short.mean() < 0.01 and (lengths[short] > 7).all()
+    me = (env.to_move[short] - 1).astype(np.int64)
+    assert (winning_columns(env, np.flatnonzero(short), me) == env.legal_mask(np.flatnonzero(short))).all()
+    # Random: the same lengths from a fresh batch give other positions.
+    again = VecConnectFour(env.num_envs)
+    random_opening(again, lengths, np.random.default_rng(3))
+    assert (again.boards != env.boards).any(axis=(1, 2)).sum() > 0.5 * (lengths > 3).sum()

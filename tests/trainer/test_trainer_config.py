@@ -67,17 +67,19 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
 
     assert config_from_args(parse_args(["--run-dir", "r"])) == TrainConfig()
     off = config_from_args(parse_args(["--run-dir", "r", "--scripted-share", "0", "--no-mirror", "--ppo-epochs",
-                                       "3", "--main-share", "0.5"]))
-    assert (off.league.scripted, off.league.scripted_share, off.mirror, off.ppo.epochs, off.league.main_share) == \
-        ((), 0.0, False, 3, 0.5)
-    # Another game: no Connect Four scripted players in its league (its config is not even checked for them).
+                                       "3", "--main-share", "0.5", "--opening-share", "0"]))
+    assert (off.league.scripted, off.league.scripted_share, off.mirror, off.ppo.epochs, off.league.main_share,
+            off.opening_share) == ((), 0.0, False, 3, 0.5, 0.0)
+    # Another game: no Connect Four scripted players in its league (its config is not even checked for them), and
+    # no random openings.
     other = config_from_args(parse_args(["--run-dir", "r", "--game", "pettingzoo:tictactoe_v3"]))
-    assert other.league.scripted == () and other.league.scripted_share == 0.0
+    assert other.league.scripted == () and other.league.scripted_share == 0.0 and other.opening_share == 0.0
 
 
 @pytest.mark.parametrize("flags, named", [(["--ppo-epochs", "0"], "epochs"),
                                           (["--scripted-share", "2"], "scripted_share"),
-                                          (["--main-share", "0"], "main_share")])
+                                          (["--main-share", "0"], "main_share"),
+                                          (["--opening-share", "1.5"], "opening_share")])
 def test_a_setting_out_of_range_stops_the_command_before_anything_starts(tmp_path, flags, named):
     from trainer.__main__ import main
 

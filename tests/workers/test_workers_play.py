@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from league.baselines import random_player
+from league.baselines import random_opening, random_player
 from league.connect4 import ROWS, VecConnectFour, observation_planes
 from league.model import PolicyNet
 from workers.play import mirror, net_policy, play, scripted_policy
@@ -35,6 +35,17 @@ def test_self_play_records_both_sides_and_is_zero_sum():
     # Zero-sum: per game the winner's moves return +1 and the loser's -1. A first-player win has one move
     # more than its loser (sum +1); a second-player win has as many (sum 0).
     assert abs(out.batch["returns"].sum() - (env.winner == 1).sum()) < 1e-3
+
+
+def test_games_after_an_opening_record_and_count_only_the_policies_moves():
+    env = VecConnectFour(64)
+    lengths = np.where(np.arange(64) < 32, 0, 9)   # half the games start after 9 random moves
+    policy = net_policy(PolicyNet(16), torch.Generator().manual_seed(2))
+    out = play(env, (policy, policy), record=(True, True), gamma=1.0, lam=1.0,
+               opening=lambda e: random_opening(e, lengths, np.random.default_rng(0)))
+    assert (env.moves[32:] > 9).all()
+    assert out.steps == int(env.moves.sum()) - 9 * 32 == len(out.batch["actions"])
+    assert out.wins + out.draws + out.losses == 64
 
 
 def test_threat_planes_show_wins_and_blocks_from_the_movers_view():
