@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    f"{d.opening_moves} moves (Connect Four; default {d.opening_share:g}; 0: none)")
     p.add_argument("--ppo-epochs", type=int, default=d.ppo.epochs,
                    help=f"PPO epochs per batch (default {d.ppo.epochs})")
+    p.add_argument("--entropy-coef", type=float, default=d.ppo.entropy_coef,
+                   help=f"PPO's entropy bonus (default {d.ppo.entropy_coef:g})")
     p.add_argument("--seed", type=int, default=d.seed)
     return p.parse_args(argv)
 
@@ -77,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
         learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus, reference_games=args.reference_games,
         mirror=not args.no_mirror, opening_share=args.opening_share if connect4 else 0.0,
-        ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs),
+        ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs, entropy_coef=args.entropy_coef),
         league=dataclasses.replace(d.league, main_agents=args.main_agents, main_exploiters=args.main_exploiters,
                                    league_exploiters=args.league_exploiters, main_share=args.main_share,
                                    scripted=d.league.scripted if connect4 and args.scripted_share else (),

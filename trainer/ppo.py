@@ -34,6 +34,9 @@ class PPOConfig:
             raise ValueError(f"epochs and minibatch must be >= 1, got {self.epochs} and {self.minibatch}")
         if self.minibatch > self.batch:
             raise ValueError(f"minibatch ({self.minibatch}) must not exceed batch ({self.batch})")
+        if min(self.entropy_coef, self.value_coef) < 0:
+            raise ValueError(f"entropy_coef and value_coef must be >= 0, got {self.entropy_coef} and "
+                             f"{self.value_coef}")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError("gamma must lie in (0, 1] and gae_lambda in [0, 1]")
 
