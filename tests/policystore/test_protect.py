@@ -13,6 +13,7 @@ import gc
 import glob
 import os
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,8 +125,9 @@ def worker_log(pid: int) -> str:
     the traceback of a segfault."""
 
     def traceback() -> str | None:
-        files = glob.glob(f"/tmp/ray/session_*/logs/worker-*-{pid}.err")
-        text = "".join(open(f, errors="replace").read() for f in files)
+        # Not through session_latest: another test process's Ray session can repoint it between glob and open.
+        files = [f for f in glob.glob(f"/tmp/ray/session_*/logs/worker-*-{pid}.err") if "/session_latest/" not in f]
+        text = "".join(Path(f).read_text(errors="replace") for f in files)
         return text if "Segmentation fault" in text and "Stack (most recent call first)" in text else None
 
     return eventually(traceback, f"the segfault's traceback in worker {pid}'s log", 30, every_s=0.5)
