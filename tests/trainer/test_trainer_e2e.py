@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     run = tmp_path_factory.mktemp("e2e") / "run"
-    config = TrainConfig(minutes=0.6, num_cpus=2, object_store_mib=512, hot_capacity_mib=64, eval_games=100,
+    config = TrainConfig(minutes=0.45, num_cpus=2, object_store_mib=512, hot_capacity_mib=64, eval_games=100,
                          eval_every_s=10.0, checkpoint_every_s=20.0, reference_games=1)
     train(run, config, console=Console(file=io.StringIO()))
     return run
