@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from league.connect4 import COL_BIT, COLS, VecConnectFour, is_win
+from league.connect4 import COL_BIT, COLS, ROWS, VecConnectFour, is_win
 
 Player = Callable[[VecConnectFour, np.ndarray, np.random.Generator], np.ndarray]
 
@@ -46,6 +46,22 @@ def win_block_player(env: VecConnectFour, env_ids: np.ndarray, rng: np.random.Ge
     return sample_legal(choice, rng)
 
 
+def safe_player(env: VecConnectFour, env_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Win if you can, block if you must, else never a move that lets the opponent win on the cell above it:
+    one ply deeper than win/block, so beating it takes a double threat, not only a missed block."""
+    env_ids = np.asarray(env_ids)
+    me = (env.to_move[env_ids] - 1).astype(np.int64)
+    legal = env.legal_mask(env_ids)
+    win = winning_columns(env, env_ids, me)
+    block = winning_columns(env, env_ids, 1 - me)
+    above = env.heights[env_ids].astype(np.int64) + 1  # the cell my stone would open to the opponent
+    cell = COL_BIT[np.arange(COLS)[None, :], np.minimum(above, ROWS)]
+    gives = is_win(env.bits[env_ids, 1 - me][:, None] | cell) & legal & (above < ROWS)
+    safe = np.where((legal & ~gives).any(axis=1)[:, None], legal & ~gives, legal)
+    choice = np.where(win.any(axis=1)[:, None], win, np.where(block.any(axis=1)[:, None], block, safe))
+    return sample_legal(choice, rng)
+
+
 def random_opening(env: VecConnectFour, lengths: np.ndarray, rng: np.random.Generator) -> None:
     """Play ``lengths[i]`` uniformly random moves in game ``i``, never one that completes four, so every game is
     still running afterwards. Games that start here reach middle-game positions that a league's games, which
@@ -59,4 +75,4 @@ def random_opening(env: VecConnectFour, lengths: np.ndarray, rng: np.random.Gene
         env.step(sample_legal(quiet[some], rng), ids[some])
 
 
-BASELINES: dict[str, Player] = {"random": random_player, "winblock": win_block_player}
+BASELINES: dict[str, Player] = {"random": random_player, "winblock": win_block_player, "safe": safe_player}

@@ -7,8 +7,8 @@ from league.connect4 import COLS, NUM_PLANES, ROWS, VecConnectFour
 from league.pettingzoo_adapter import PETTINGZOO_PREFIX, pettingzoo_game
 from league.vecgame import Game
 
-CONNECT4 = Game("connect4", VecConnectFour, (NUM_PLANES, ROWS, COLS), COLS, ("random", "winblock"), mirrored=True,
-                opening=random_opening)
+CONNECT4 = Game("connect4", VecConnectFour, (NUM_PLANES, ROWS, COLS), COLS, ("random", "winblock", "safe"),
+                mirrored=True, opening=random_opening)
 
 
 def get_game(name: str) -> Game:

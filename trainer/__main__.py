@@ -53,8 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    f"training (default {d.reference_games}; 0: skip)")
     p.add_argument("--main-share", type=float, default=dl.main_share,
                    help=f"share of all env steps the main agents get (default {dl.main_share:g}); exploiters: the rest")
+    p.add_argument("--scripted", default=",".join(dl.scripted),
+                   help="comma-separated scripted players the main agents meet (Connect Four: random, winblock, "
+                   f"safe; default {','.join(dl.scripted)})")
     p.add_argument("--scripted-share", type=float, default=dl.scripted_share,
-                   help=f"share of the main agents' matches against the scripted {', '.join(dl.scripted)} player "
+                   help="share of the main agents' matches against the scripted players, picked uniformly "
                    f"(Connect Four; default {dl.scripted_share:g}; 0: none)")
     p.add_argument("--no-mirror", action="store_true",
                    help="train on the positions as played, not on randomly mirrored ones")
@@ -63,6 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    f"{d.opening_moves} moves (Connect Four; default {d.opening_share:g}; 0: none)")
     p.add_argument("--ppo-epochs", type=int, default=d.ppo.epochs,
                    help=f"PPO epochs per batch (default {d.ppo.epochs})")
+    p.add_argument("--publish-every", type=int, default=d.publish_every,
+                   help=f"learner updates between the versions a learner publishes (default {d.publish_every})")
+    p.add_argument("--lr-final", type=float, default=d.ppo.lr_final,
+                   help=f"anneal the learning rate linearly from {d.ppo.lr:g} to this by the run's end "
+                   "(default: constant)")
     p.add_argument("--entropy-coef", type=float, default=d.ppo.entropy_coef,
                    help=f"PPO's entropy bonus (default {d.ppo.entropy_coef:g})")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -78,11 +86,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, game=args.game, seed=args.seed,
         workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
         learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus, reference_games=args.reference_games,
-        mirror=not args.no_mirror, opening_share=args.opening_share if connect4 else 0.0,
-        ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs, entropy_coef=args.entropy_coef),
+        publish_every=args.publish_every, mirror=not args.no_mirror,
+        opening_share=args.opening_share if connect4 else 0.0,
+        ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs, entropy_coef=args.entropy_coef,
+                                lr_final=args.lr_final),
         league=dataclasses.replace(d.league, main_agents=args.main_agents, main_exploiters=args.main_exploiters,
                                    league_exploiters=args.league_exploiters, main_share=args.main_share,
-                                   scripted=d.league.scripted if connect4 and args.scripted_share else (),
+                                   scripted=tuple(n for n in args.scripted.split(",") if n)
+                                   if connect4 and args.scripted_share else (),
                                    scripted_share=args.scripted_share if connect4 else 0.0))
 
 

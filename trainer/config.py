@@ -27,10 +27,11 @@ class TrainConfig:
     workers: int = 1
     games_per_match: int = 512
     hidden: int = 128
-    # The default run's league: the main agent gets 80% of the env steps and meets the win/block player in 15% of
-    # its matches (a curriculum); its PPO does 2 epochs per batch; 60% of its games start after a random opening.
-    # Measured in docs/trainer.md, "What each lever bought" and "Random openings".
-    league: LeagueConfig = field(default_factory=lambda: LeagueConfig(main_share=0.8, scripted=("winblock",),
+    # The default run's league: the main agent gets 80% of the env steps and meets the scripted "safe" player (win,
+    # block, never open a cell where the opponent wins) in 15% of its matches (a curriculum); its PPO does 2 epochs
+    # per batch; 60% of its games start after a random opening. Measured in docs/trainer.md, "What each lever
+    # bought", "Random openings" and "A harder scripted player".
+    league: LeagueConfig = field(default_factory=lambda: LeagueConfig(main_share=0.8, scripted=("safe",),
                                                                       scripted_share=0.15))
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(epochs=2, batch=8192, minibatch=2048))
     publish_every: int = 1           # learner updates between published versions

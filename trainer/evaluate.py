@@ -6,12 +6,13 @@
     python -m trainer.evaluate --run-dir runs/demo --opponents mcts100,mcts1000 --games 50   # OpenSpiel's MCTS
     python -m trainer.evaluate --run-dir runs/demo --judge 200      # a perfect solver judges 200 positions instead
 
-Opponents: the game's scripted players (Connect Four: ``random``, ``winblock``: win if you can, block if you must)
-and, for Connect Four with the ``openspiel`` extra installed, ``mcts<N>``: OpenSpiel's MCTSBot with N simulations
-and random rollouts, a reference nobody in this project wrote.
+Opponents: the game's scripted players (Connect Four: ``random``; ``winblock``: win if you can, block if you must;
+``safe``: win/block that never opens a cell where the opponent wins) and, for Connect Four with the ``openspiel``
+extra installed, ``mcts<N>``: OpenSpiel's MCTSBot with N simulations and random rollouts, a reference nobody in
+this project wrote.
 
 ``--judge N`` plays no games: on N Connect Four positions from random play where the choice matters, it counts how
-often the agent's move keeps the game-theoretic value (``trainer.judge``), and the same for win/block and random.
+often the agent's move keeps the game-theoretic value (``trainer.judge``), and the same for the scripted players.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--search", type=int, default=0, metavar="N",
                         help="play with a PUCT search of N simulations per move (Connect Four; default 0: the net)")
     parser.add_argument("--opponents", default=None,
-                        help="comma-separated: random, winblock, mcts<N> (default: the game's scripted players)")
+                        help="comma-separated: random, winblock, safe, mcts<N> (default: the game's scripted players)")
     parser.add_argument("--judge", type=int, default=0, metavar="N",
                         help="instead of games: judge the agent's moves on N positions with a perfect solver "
                              "(Connect Four; positions cached in ~/.cache/policystore/judge)")

@@ -87,6 +87,10 @@ class LearnerShard:
                 self.publish()
         return self.ppo.updates
 
+    def set_progress(self, progress: float) -> None:
+        """The share of the run done, for the learning-rate schedule."""
+        self.ppo.set_progress(progress)
+
     def snapshot(self, name: str) -> policystore.SnapshotId:
         """Freeze the current weights as their own store policy ``name``, durable on disk."""
         return self.store.publish(name, host_weights(self.ppo.net), meta=self._meta() | {FROZEN_META_KEY: True},

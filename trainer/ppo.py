@@ -19,6 +19,7 @@ BATCH_KEYS = ("planes", "legal", "actions", "logp", "advantages", "returns")
 @dataclass
 class PPOConfig:
     lr: float = 1e-3
+    lr_final: float | None = None  # the learning rate at the run's end, reached linearly; None: constant lr
     gamma: float = 0.99
     gae_lambda: float = 0.95
     clip: float = 0.2
@@ -34,6 +35,8 @@ class PPOConfig:
             raise ValueError(f"epochs and minibatch must be >= 1, got {self.epochs} and {self.minibatch}")
         if self.minibatch > self.batch:
             raise ValueError(f"minibatch ({self.minibatch}) must not exceed batch ({self.batch})")
+        if self.lr <= 0 or (self.lr_final is not None and self.lr_final < 0):
+            raise ValueError(f"lr must be > 0 and lr_final >= 0, got {self.lr} and {self.lr_final}")
         if min(self.entropy_coef, self.value_coef) < 0:
             raise ValueError(f"entropy_coef and value_coef must be >= 0, got {self.entropy_coef} and "
                              f"{self.value_coef}")
@@ -73,6 +76,14 @@ class PPO:
 
     def new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.net.parameters(), lr=self.cfg.lr, eps=1e-5)
+
+    def set_progress(self, progress: float) -> None:
+        """Anneal the learning rate: ``progress`` is the share of the run done (0 to 1)."""
+        if self.cfg.lr_final is None:
+            return
+        p = min(max(progress, 0.0), 1.0)
+        for group in self.opt.param_groups:
+            group["lr"] = self.cfg.lr + (self.cfg.lr_final - self.cfg.lr) * p
 
     def to_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         dtypes = {"planes": torch.float32, "legal": torch.bool, "actions": torch.int64}

@@ -91,8 +91,11 @@ class Trainer:
                 steps = self.total_steps(summary) - steps_at_start
                 status = {"elapsed_s": elapsed, "steps": steps, "steps_per_s": steps / max(elapsed, 1e-9),
                           "summary": summary}
-                if elapsed >= next_budget:  # scale snapshot budgets to the measured rate
+                if elapsed >= next_budget:  # scale snapshot budgets to the measured rate, follow the lr schedule
                     self.league.set_run_steps.remote(int(status["steps_per_s"] * (self.elapsed_before + seconds)))
+                    progress = (self.elapsed_before + elapsed) / (self.elapsed_before + seconds)
+                    for learner in self.learners.values():
+                        learner.set_progress.remote(progress)
                     next_budget = elapsed + RESCALE_EVERY_S
                 if elapsed >= next_eval or len(done) == len(runs):
                     self.evaluate_main(status)

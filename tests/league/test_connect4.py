@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from league.baselines import random_opening, random_player, win_block_player, winning_columns
+from league.baselines import random_opening, random_player, safe_player, win_block_player, winning_columns
 from league.connect4 import COLS, ROWS, VecConnectFour, canonical, is_win
 
 
@@ -132,6 +132,22 @@ def test_win_block_player_takes_wins_then_blocks():
     assert acts[1] == 6                      # player 1 blocks it
     play(env, [5], game=0)                   # player 2 does not block in game 0...
     assert win_block_player(env, np.array([0]), rng)[0] == 0  # player 1 to move wins at column 0
+
+
+def test_the_safe_player_never_opens_a_cell_where_the_opponent_wins_but_still_wins_and_blocks():
+    board = np.zeros((ROWS, COLS), np.int8)
+    bottom, second = ROWS - 1, ROWS - 2
+    board[bottom, [1, 2, 3, 6]] = [1, 2, 1, 1]
+    board[second, [1, 2, 3, 6]] = [2, 2, 2, 1]  # player 2 wins on (0, 1) and (4, 1), once they are reachable
+    env = VecConnectFour.from_boards(np.repeat(board[None], 400, axis=0), to_move=np.ones(400, np.int8))
+    ids, rng = np.arange(400), np.random.default_rng(0)
+    assert not winning_columns(env, ids, np.ones(400, np.int64)).any()  # no threat to block now
+    assert set(safe_player(env, ids, rng)) == {1, 2, 3, 5, 6}            # every move but the two that open them
+    assert {0, 4} <= set(win_block_player(env, ids, rng))                # win/block plays them
+    env = VecConnectFour(2)
+    play(env, [0, 6, 0, 6, 0], game=0)       # player 2 must block column 0
+    play(env, [0, 6, 0, 6, 0, 6], game=1)    # player 1 wins at column 0
+    assert list(safe_player(env, np.array([0, 1]), rng)) == [0, 0]
 
 
 def test_scripted_players_only_play_legal_moves_to_the_end():

@@ -75,7 +75,7 @@ def test_a_node_limit_that_skips_most_positions_is_an_error_not_an_endless_loop(
 @pytest.mark.parametrize("search", [0, 2])
 def test_judge_players_reports_the_agent_and_the_yardsticks_with_intervals(search, tmp_path):
     results = judge_players(PolicyNet(16), 4, seed=3, search=search, stones=LATE, cache_dir=tmp_path)
-    assert set(results) == {"agent", "random", "winblock"}
+    assert set(results) == {"agent", "random", "winblock", "safe"}
     for r in results.values():
         assert r["positions"] == 4 and r["kept_low"] <= r["kept"] <= r["kept_high"]
         assert r["kept"] * 4 == pytest.approx(round(r["kept"] * 4))

@@ -68,9 +68,12 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
     assert config_from_args(parse_args(["--run-dir", "r"])) == TrainConfig()
     off = config_from_args(parse_args(["--run-dir", "r", "--scripted-share", "0", "--no-mirror", "--ppo-epochs",
                                        "3", "--main-share", "0.5", "--opening-share", "0",
-                                       "--entropy-coef", "0.002"]))
+                                       "--entropy-coef", "0.002", "--lr-final", "0.0001"]))
     assert (off.league.scripted, off.league.scripted_share, off.mirror, off.ppo.epochs, off.league.main_share,
-            off.opening_share, off.ppo.entropy_coef) == ((), 0.0, False, 3, 0.5, 0.0, 0.002)
+            off.opening_share, off.ppo.entropy_coef, off.ppo.lr_final) == ((), 0.0, False, 3, 0.5, 0.0, 0.002, 1e-4)
+    both = config_from_args(parse_args(["--run-dir", "r", "--scripted", "winblock,safe"]))
+    assert both.league.scripted == ("winblock", "safe")
+    assert both.league.scripted_share == TrainConfig().league.scripted_share
     # Another game: no Connect Four scripted players in its league (its config is not even checked for them), and
     # no random openings.
     other = config_from_args(parse_args(["--run-dir", "r", "--game", "pettingzoo:tictactoe_v3"]))
@@ -81,7 +84,9 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
                                           (["--scripted-share", "2"], "scripted_share"),
                                           (["--main-share", "0"], "main_share"),
                                           (["--opening-share", "1.5"], "opening_share"),
-                                          (["--entropy-coef", "-0.1"], "entropy_coef")])
+                                          (["--entropy-coef", "-0.1"], "entropy_coef"),
+                                          (["--lr-final", "-1"], "lr_final"),
+                                          (["--scripted", "winblock,perfect"], "scripted players")])
 def test_a_setting_out_of_range_stops_the_command_before_anything_starts(tmp_path, flags, named):
     from trainer.__main__ import main
 

@@ -18,7 +18,7 @@ def test_wilson_interval_brackets_the_rate_and_narrows_with_games():
 @pytest.mark.parametrize("search", [0, 4])
 def test_evaluate_plays_both_seats_against_each_opponent(search):
     results = evaluate(PolicyNet(16), games_per_seat=6, seed=1, search=search)
-    assert set(results) == {"random", "winblock"}
+    assert set(results) == {"random", "winblock", "safe"}
     for r in results.values():
         assert r["games"] == 12 and r["win"] + r["draw"] + r["loss"] == pytest.approx(1.0)
         assert r["win_low"] <= r["win"] <= r["win_high"]

@@ -46,6 +46,18 @@ def test_ppo_update_raises_the_probability_of_advantaged_actions():
 def test_ppo_config_rejects_minibatch_larger_than_batch():
     with pytest.raises(ValueError, match="minibatch"):
         PPOConfig(batch=100, minibatch=200)
+    with pytest.raises(ValueError, match="lr_final"):
+        PPOConfig(lr_final=-1e-4)
+
+
+def test_the_learning_rate_follows_the_runs_progress_only_when_annealed():
+    annealed = PPO(PolicyNet(32), PPOConfig(lr=1e-3, lr_final=1e-4), torch.device("cpu"))
+    constant = PPO(PolicyNet(32), PPOConfig(lr=1e-3), torch.device("cpu"))
+    for progress, expected in [(0.0, 1e-3), (0.5, 5.5e-4), (1.0, 1e-4), (1.7, 1e-4)]:
+        annealed.set_progress(progress)
+        constant.set_progress(progress)
+        assert annealed.opt.param_groups[0]["lr"] == pytest.approx(expected)
+        assert constant.opt.param_groups[0]["lr"] == 1e-3
 
 
 def test_learner_checkpoint_restores_weights_and_adam_state(tmp_path):
