@@ -39,11 +39,7 @@ def win_block_player(env: VecConnectFour, env_ids: np.ndarray, rng: np.random.Ge
     """Win if you can, block if you must, else random."""
     env_ids = np.asarray(env_ids)
     me = (env.to_move[env_ids] - 1).astype(np.int64)
-    win = winning_columns(env, env_ids, me)
-    block = winning_columns(env, env_ids, 1 - me)
-    choice = np.where(win.any(axis=1)[:, None], win, np.where(block.any(axis=1)[:, None], block,
-                                                            env.legal_mask(env_ids)))
-    return sample_legal(choice, rng)
+    return _win_block_or(env, env_ids, me, env.legal_mask(env_ids), rng)
 
 
 def safe_player(env: VecConnectFour, env_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -52,13 +48,19 @@ def safe_player(env: VecConnectFour, env_ids: np.ndarray, rng: np.random.Generat
     env_ids = np.asarray(env_ids)
     me = (env.to_move[env_ids] - 1).astype(np.int64)
     legal = env.legal_mask(env_ids)
-    win = winning_columns(env, env_ids, me)
-    block = winning_columns(env, env_ids, 1 - me)
     above = env.heights[env_ids].astype(np.int64) + 1  # the cell my stone would open to the opponent
     cell = COL_BIT[np.arange(COLS)[None, :], np.minimum(above, ROWS)]
     gives = is_win(env.bits[env_ids, 1 - me][:, None] | cell) & legal & (above < ROWS)
     safe = np.where((legal & ~gives).any(axis=1)[:, None], legal & ~gives, legal)
-    choice = np.where(win.any(axis=1)[:, None], win, np.where(block.any(axis=1)[:, None], block, safe))
+    return _win_block_or(env, env_ids, me, safe, rng)
+
+
+def _win_block_or(env: VecConnectFour, env_ids: np.ndarray, me: np.ndarray, otherwise: np.ndarray,
+                  rng: np.random.Generator) -> np.ndarray:
+    """A winning column if there is one, else a blocking one, else one of ``otherwise`` (an ``(n, 7)`` mask)."""
+    win = winning_columns(env, env_ids, me)
+    block = winning_columns(env, env_ids, 1 - me)
+    choice = np.where(win.any(axis=1)[:, None], win, np.where(block.any(axis=1)[:, None], block, otherwise))
     return sample_legal(choice, rng)
 
 
