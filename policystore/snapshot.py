@@ -1,20 +1,27 @@
-"""What a reader holds: a snapshot's tensors as read-only views into the node's shared memory."""
+"""What a reader holds: a snapshot's tensors as read-only views into the node's shared memory.
+
+torch is imported on the first tensor access, not before: a process that follows the league and reads only the
+raw bytes (``Snapshot.buffer``) or the meta never loads it (about 130 MiB of private memory per process).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
-import torch
 
 from .format import Header, parse_header
 from .ids import SnapshotId
-from .views import SharedTensor, tensor_views
+
+if TYPE_CHECKING:
+    import torch
+
+    from .views import SharedTensor
 
 
-class Snapshot(Mapping[str, torch.Tensor]):
+class Snapshot(Mapping[str, "torch.Tensor"]):
     """One immutable snapshot: ``snap[name]`` is a guarded zero-copy ``torch.Tensor`` view.
 
     The views stay valid as long as anything references them, even after the store evicts or deletes the
@@ -61,6 +68,8 @@ class Snapshot(Mapping[str, torch.Tensor]):
 
     def __getitem__(self, name: str) -> SharedTensor:
         if self._views is None:
+            from .views import tensor_views
+
             self._views = tensor_views(self._buffer, self._header, str(self.id))
         try:
             return self._views[name]

@@ -163,6 +163,25 @@ def test_rules_package_imports_without_ray_or_the_store():
     assert proc.stdout.strip() == "[]"
 
 
+def test_a_reader_of_raw_bytes_never_loads_torch():
+    """A process that follows the league and reads a snapshot's raw bytes and meta (a watcher, a non-torch
+    consumer) loads no torch: importing it costs a Ray worker more private memory than everything else it holds.
+    The first tensor access does load it."""
+    code = ("import sys, numpy as np, policystore, policystore.client, policystore.watch\n"
+            "from policystore.format import pack\n"
+            "from policystore.ids import SnapshotId\n"
+            "from policystore.snapshot import Snapshot\n"
+            "buf = pack({'w': np.arange(6, dtype=np.float32)}, policy_id='p', meta={'step': 3})\n"
+            "snap = Snapshot(SnapshotId('p', 1), buf)\n"
+            "assert snap.meta == {'step': 3} and list(snap) == ['w'] and snap.buffer.nbytes == snap.nbytes\n"
+            "print('torch' in sys.modules, end=' ')\n"
+            "assert snap['w'].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]\n"
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False True"
+
+
 def test_only_the_store_touches_torch_internals():
     """``torch._C`` (e.g. turning the views' write guard off) belongs to policystore; others use its public API
     (``policystore.views.fast_reads``)."""
