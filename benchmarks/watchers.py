@@ -13,7 +13,10 @@ is one ``ray.get``, no store call), ``by_round_trip`` (the others: their get ask
 (publish until the last reader had the version in its push), ``catalog_watchers``, ``catalog_by_ring`` (watchers
 woken by the doorbell rather than a timeout), ``all_catalog_watchers_s``, and the thread counts (psutil
 ``num_threads``) of the store, its doorbell, the catalog and its doorbell, with the same counts measured before
-any follower started (``*_idle``).
+any follower started (``*_idle``), and where the two cores went from the publish until every follower had
+answered: ``cpu_s_store``, ``cpu_s_doorbell``, ``cpu_s_catalog``, ``cpu_s_readers`` (all reader processes),
+``cpu_s_others`` (the rest of the machine: Ray's own processes, this driver) and ``cpu_s_machine`` (all of it).
+A reader is not supposed to import torch (it reads no tensor), so the machine holds more of them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ log = logging.getLogger("benchmarks.watchers")
 POLICY = "followed"
 WAIT_S = 60.0
 MEMORY_MARGIN = 4 * 1024 * MiB  # free memory left when the benchmark stops adding readers
+# How often a reader looks at its push state: the arrival times are this coarse, and hundreds of readers looking
+# every few milliseconds would take the two cores from the followers they time.
+POLL_S = 0.05
 
 
 class Reader:
@@ -48,14 +54,14 @@ class Reader:
 
     def wait_version(self, version: int) -> tuple[float, bool]:
         """(when the push first named ``version``, whether its ref came with it: then the get is one ``ray.get``
-        of a held ref, else a store round trip). Nothing is read, so the process never imports torch."""
+        of a held ref, else a store round trip). No tensor is read, so the process never imports torch."""
         store = policystore.connect()
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             state = store.push_state()
             if state.latest.get(POLICY, 0) >= version:
                 return time.time(), (POLICY, version) in state.hot
-            time.sleep(0.005)
+            time.sleep(POLL_S)
         return time.time(), False
 
 
@@ -94,6 +100,20 @@ def threads(pids: dict[str, int]) -> dict[str, int]:
     return {f"{name}_threads": psutil.Process(pid).num_threads() for name, pid in pids.items()}
 
 
+def cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
+    """CPU time (user + system) so far of each role's processes, and of the whole machine (``machine``)."""
+    def of(pid: int) -> float:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return times.user + times.system
+
+    total = psutil.cpu_times()
+    return {**{role: sum(map(of, group)) for role, group in pids.items()},
+            "machine": total.user + total.system + total.nice + total.irq + total.softirq}
+
+
 def run(results: harness.Results, readers: int, catalog_watchers: int, rounds: int) -> None:
     with harness.ray_session(256 * MiB) as spill_dir:
         store = policystore.connect(policystore.StoreConfig(spill_dir=str(spill_dir)))
@@ -115,6 +135,8 @@ def run(results: harness.Results, readers: int, catalog_watchers: int, rounds: i
             ray.get([a.open.remote() for a in batch], timeout=600)  # each follows the policy from now on
             actors += batch
         readers = len(actors)
+        roles = {"store": [pids["store"]], "doorbell": [pids["store_doorbell"]], "catalog": [pids["catalog"]],
+                 "readers": [pid_of(a) for a in actors]}
         watchers = ray.remote(CatalogWatchers).options(num_cpus=0.001, max_concurrency=catalog_watchers + 8
                                                        ).remote(league)
         ray.get(watchers.__ray_ready__.remote())
@@ -123,11 +145,14 @@ def run(results: harness.Results, readers: int, catalog_watchers: int, rounds: i
             followed = watchers.follow_until.remote(catalog_watchers, POLICY, version)
             time.sleep(1.0)  # every follower is waiting before the publish
             counts = threads(pids)
+            cpu_before = cpu_seconds(roles)
             published = time.time()
             assert store.publish(POLICY, {"w": np.full(1024, version, dtype=np.float32)}
                                  ).version == version
             answers = ray.get(waits, timeout=WAIT_S * 2)
             catalog_seen = ray.get(followed, timeout=WAIT_S * 2)
+            cpu = {role: spent - cpu_before[role] for role, spent in cpu_seconds(roles).items()}
+            cpu["others"] = cpu["machine"] - sum(v for role, v in cpu.items() if role != "machine")
             by_push = sum(push for _, push in answers)
             results.emit({
                 "round": version - 1,
@@ -140,6 +165,7 @@ def run(results: harness.Results, readers: int, catalog_watchers: int, rounds: i
                 "all_catalog_watchers_s": max(seen for seen, _ in catalog_seen) - published,
                 **counts,
                 **idle,
+                **{f"cpu_s_{role}": round(spent, 2) for role, spent in cpu.items()},
             })
 
 
