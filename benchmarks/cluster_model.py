@@ -9,9 +9,9 @@ a transfer starts or ends, so the simulation jumps from event to event. Three wa
   tree   the store's way: a node fetches from a node that already holds a whole copy, serves fewer than
          --max-serving copies at that moment and has served fewer than --max-served in all (the least served
          first); a node that finished becomes a source after
-         --holder-delay-s (how long until others learn it holds the snapshot); each fetch is a lookup at the
-         catalog, a call to the source, the transfer, then the checksum beside the copy into the node's own
-         object
+         --holder-delay-s (how long until others learn it holds the snapshot); each fetch is the reader's call
+         to its store (whose catalog follower already has the entry), a call to the source, the transfer, then
+         the checksum beside the copy into the node's own object
   ray    Ray's own broadcast (``ray.get`` of one object on every node): each node pulls from a node that holds a
          whole copy when it asks (Ray lists a location once the copy there is whole); every node asks at once,
          so the publisher serves them all, with no call, checksum or own copy
@@ -90,7 +90,8 @@ def spread(mode: str, nodes: int, nbytes: float, costs: Costs, *, max_serving: i
         raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
     rng = random.Random(seed)
     store = mode != "ray"
-    before = (costs.catalog_call_s + 2 * costs.call_s) if store else costs.call_s  # lookup + resolve, or the get
+    # the reader's resolve and the store's serve call (the catalog's entry came with its watch answer), or the get
+    before = 2 * costs.call_s if store else costs.call_s
     after = max(nbytes / costs.checksum_bps, nbytes / costs.copy_bps) if store else 0.0  # side by side
     cap, budget = (max_serving, max_served) if mode == "tree" else (math.inf, math.inf)
     holders = {0: 0.0}  # node -> when others may fetch from it
@@ -174,10 +175,10 @@ class League:
 
 
 def catalog_load(league: League, costs: Costs) -> dict[str, float]:
-    """Catalog calls/s: per new snapshot one publish, one lookup per fetching node and one watch answer per node
-    store; holds in one batch per node per ``hold_batch_s`` at most."""
+    """Catalog calls/s: per new snapshot one publish and one watch answer per node store (which carries the entry a
+    fetching store needs: no lookup); holds in one batch per node per ``hold_batch_s`` at most."""
     snapshots_s = league.learners / league.publish_every_s
-    per_snapshot = 1 + 2 * league.nodes
+    per_snapshot = 1 + league.nodes
     holds_s = league.nodes * min(snapshots_s, 1 / league.hold_batch_s)
     calls_s = snapshots_s * per_snapshot + holds_s
     capacity = 1 / costs.catalog_call_s

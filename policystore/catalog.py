@@ -504,6 +504,7 @@ class CatalogServer:
             except Exception as exc:
                 log.warning("catalog: ringing the doorbell failed (%s)", type(exc).__name__)
 
+    @_counted  # outermost, as for doorbell
     @ray.method(concurrency_group=WATCH_GROUP, enable_task_events=False)  # several calls a second per store
     def watch(self, since: int, timeout_s: float, epoch: str | None = None) -> CatalogEvents:
         """Commits and deletes after event ``since``: at once if there are some, else when one happens or after

@@ -41,8 +41,8 @@ def test_holder_delay_slows_the_tree():
 def test_catalog_load_counts_one_hold_batch_per_node_per_interval():
     league = League(nodes=100, learners=10, publish_every_s=1.0, hold_batch_s=1.0)
     load = catalog_load(league, NIC)
-    # 10 snapshots/s x (1 publish + a lookup and a watch answer per node) + 100 hold batches/s
-    assert load["catalog_calls_per_s"] == pytest.approx(10 * (1 + 2 * 100) + 100)
+    # 10 snapshots/s x (1 publish + a watch answer per node, which carries the entry: no lookup) + 100 hold batches/s
+    assert load["catalog_calls_per_s"] == pytest.approx(10 * (1 + 100) + 100)
     assert load["headroom"] == pytest.approx((1 / NIC.catalog_call_s) / load["catalog_calls_per_s"])
 
 

@@ -1,5 +1,6 @@
 """Several Ray nodes on one machine (ray.cluster_utils.Cluster): a store per node, cross-node fetch, faults."""
 
+import dataclasses
 import os
 import signal
 import time
@@ -163,6 +164,35 @@ def test_fanout_is_a_tree_with_bounded_serves_and_batched_holds(cluster):
         assert calls["update_holders"] > calls_before.get("update_holders", 0)
     finally:
         ray.get([s.__ray_call__.remote(lambda self: setattr(self, "serves_per_snapshot", 3)) for s in stores])
+
+
+def test_a_store_that_heard_the_commit_fetches_without_a_lookup_and_asks_when_its_hint_matches_no_copy(cluster):
+    """The catalog's watch answer carries a new snapshot's entry: a store that then fetches that version asks the
+    catalog nothing more. A hint that no copy matches costs a lookup, never the read (nor a wrong one)."""
+    c, _, _ = cluster
+    a, b, d = node_ids(c)
+    catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+    store_b, store_d = (ray.get_actor(store_name(n), namespace=NAMESPACE) for n in (b, d))
+    publisher = on(a)
+    assert ray.get(publisher.publish.remote("seeded", 1)) == 1  # (a store that first hears of it in a reset: no entry)
+    assert ray.get(publisher.publish.remote("seeded", 2)) == 2
+
+    def heard(store) -> int:
+        return ray.get(store.__ray_call__.remote(lambda self: getattr(self._committed.get("seeded"), "version", 0)))
+
+    eventually(lambda: heard(store_b) == heard(store_d) == 2, "both stores heard the commit")
+    lookups = ray.get(catalog.health.remote()).calls.get("lookup", 0)
+    assert ray.get(on(b).get.remote("seeded", 2)) == (2, 2.0, 2.0)
+    assert ray.get(catalog.health.remote()).calls.get("lookup", 0) == lookups
+
+    def wrong(self) -> None:  # a hint no copy matches (its checksum): neither a peer's copy nor the durable tier's
+        entry = self._committed["seeded"]
+        summary = dataclasses.replace(entry.summary, checksum="crc32c:00000000")
+        self._committed["seeded"] = dataclasses.replace(entry, summary=summary)
+
+    ray.get(store_d.__ray_call__.remote(wrong))
+    assert ray.get(on(d).get.remote("seeded", 2)) == (2, 2.0, 2.0)
+    assert ray.get(catalog.health.remote()).calls.get("lookup", 0) == lookups + 1
 
 
 def test_copies_survive_the_loss_of_the_publishing_node(cluster):

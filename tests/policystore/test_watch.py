@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import pytest
 import ray
@@ -18,7 +19,7 @@ from helpers import WAIT_S, eventually
 from torch import nn
 
 import policystore
-from policystore.config import CATALOG_NAME, NAMESPACE, store_name
+from policystore.config import CATALOG_NAME, NAMESPACE, catalog_name, store_name
 from policystore.errors import UnknownPolicyError, UnknownVersionError
 from policystore.ids import SnapshotId
 from policystore.server import StoreServer
@@ -391,3 +392,25 @@ def test_one_staging_file_per_publisher_reused_and_removed_once_it_is_gone(make_
     finally:
         live.unlink(missing_ok=True)
         orphan.unlink(missing_ok=True)
+
+
+def test_a_store_follows_a_catalog_with_nothing_committed_on_its_doorbell_not_in_a_busy_loop(make_store):
+    """Before a league's first commit the catalog answers a store's follower without a reset; the follower must
+    still wait on the doorbell between calls (a heartbeat, about 8 calls a second), not ask again at once (it did:
+    about a thousand calls a second per store until something was published)."""
+    league = "nothing-committed"
+    store = make_store(league=league)
+    try:
+        catalog = ray.get_actor(catalog_name(league), namespace=NAMESPACE)
+
+        def watch_calls() -> int:
+            return ray.get(catalog.health.remote()).calls.get("watch", 0)
+
+        eventually(watch_calls, "the store follows its catalog")
+        before = watch_calls()
+        time.sleep(2.0)
+        assert watch_calls() - before < 100, "the follower asks the catalog again at once"
+        store.publish("first", net().state_dict())
+        eventually(lambda: store.push_state().latest.get("first") == 1, "the first commit is pushed")
+    finally:
+        policystore.client.shutdown_all(league=league)
