@@ -22,6 +22,7 @@ The store holds bytes and names only: it never imports torch.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -100,6 +101,9 @@ _GAUGE_INTERVAL_S = 2.0
 # served: a new snapshot spreads as a tree (about log3(nodes) rounds) and no node sends more than this many.
 SERVES_PER_SNAPSHOT = 3
 HOLD_INTERVAL_S = 0.5  # the holder changes of one interval go to the catalog in one call
+# How long a fetch of a version this store has not heard committed waits for its catalog follower (whose answer
+# carries the entry) before it asks the catalog instead.
+_HINT_WAIT_S = 0.25
 
 
 @dataclass
@@ -187,6 +191,7 @@ class StoreServer:
         # per policy, its newest commit as the catalog's watch answer carried it: fetching that version needs no
         # lookup (one catalog call per node per snapshot less); a hint only, see ``_fetch_new``
         self._committed: dict[str, CatalogEntry] = {}
+        self._heard = threading.Condition(self._lock)  # notified when a catalog answer has been applied
         for found in self.disk.scan().entries:
             self._policies.setdefault(found.id.policy_id, {})[found.id.version] = _Entry(found.header, file=found.file)
         # Tell the catalog what survived on disk, without blocking startup on another actor; again whenever the
@@ -308,6 +313,7 @@ class StoreServer:
             for sid in events.deleted:
                 if getattr(self._committed.get(sid.policy_id), "id", None) == sid:
                     del self._committed[sid.policy_id]
+            self._heard.notify_all()
         if events.reset:
             self.feed.replace_latest(events.latest)
             return
@@ -690,10 +696,17 @@ class StoreServer:
         return hot
 
     def _fetch_new(self, sid: SnapshotId) -> HotSnapshot:
-        """``_fetch`` with the entry the catalog's watch answer carried, when it was for this version: no lookup.
-        Only if the holders it named cannot serve (gone since, or the snapshot deleted) does the catalog's current
-        entry decide, as it would without the hint."""
-        with self._lock:
+        """``_fetch`` with the entry the catalog's watch answer carried, when it was for this version: no lookup
+        (a version this store has not heard committed yet waits up to ``_HINT_WAIT_S`` for that answer). Only if
+        no copy matches the hint (its holders gone since, the snapshot deleted) does the catalog's current entry
+        decide, as it would without the hint."""
+        def heard() -> bool:  # the commit reached this store, or is not news (the store knew a later version)
+            seeded = self._committed.get(sid.policy_id)
+            return (seeded is not None and seeded.version >= sid.version) or (
+                self.feed.latest(sid.policy_id, math.inf) or 0) >= sid.version
+
+        with self._lock:  # a reader told of a commit by another route may ask before this store's follower heard it
+            self._heard.wait_for(heard, timeout=_HINT_WAIT_S)
             seeded = self._committed.get(sid.policy_id)
         if seeded is not None and seeded.id == sid:
             try:
