@@ -1,7 +1,7 @@
 """What a reader holds: a snapshot's tensors as read-only views into the node's shared memory.
 
 torch is imported on the first tensor access, not before: a process that follows the league and reads only the
-raw bytes (``Snapshot.buffer``) or the meta never loads it (about 120 MiB of private memory per process).
+raw bytes (``Snapshot.buffer``) or the meta never loads it (torch's import is most of such a process's memory).
 """
 
 from __future__ import annotations
