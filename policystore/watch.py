@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import math
 import threading
@@ -186,11 +187,22 @@ class Feed:
 
     def next_ring(self, last: Ring | None, timeout_s: float) -> Ring:
         """The doorbell's next word: as soon as it differs from ``last`` (news, or a newer ``as_of``), else after
-        ``timeout_s`` (a doorbell restarted meanwhile learns it again)."""
+        ``timeout_s`` (a doorbell restarted meanwhile learns it again). It names the policies the news since
+        ``last`` is about, so that the doorbell wakes early only the followers of those."""
+        def moved() -> bool:
+            return last is None or (self._seq, self._as_of, self.epoch) != (last.seq, last.as_of, last.epoch)
+
         with self._cond:
-            self._cond.wait_for(lambda: Ring(self._seq, self._as_of, self.epoch) != last or self._closed,
-                                timeout=timeout_s)
-            return Ring(self._seq, self._as_of, self.epoch)
+            self._cond.wait_for(lambda: moved() or self._closed, timeout=timeout_s)
+            anew = last is None or last.epoch != self.epoch
+            since = 0 if anew else last.seq
+            news = list(itertools.takewhile(lambda e: e.seq > since, reversed(self._log)))  # newest first
+            lost = self._seq > since and (not news or news[-1].seq > since + 1)  # older than the log keeps
+            everyone = anew or lost or any(isinstance(e, _NewEpoch) or (isinstance(e, _Gone) and e.deleted)
+                                           for e in news)
+            touched = () if everyone else tuple(dict.fromkeys(
+                e.policy_id if isinstance(e, _Latest) else e.sid.policy_id for e in news))
+            return Ring(self._seq, self._as_of, self.epoch, touched, everyone)
 
     def _wanted(self, sid: SnapshotId, follows: Collection[str]) -> bool:
         """Whether a follower gets ``sid``'s ref pushed: only for a policy it follows (one it has opened), and only
@@ -252,24 +264,45 @@ class Doorbell:
         self._rings: dict[str, Ring] = {}
         self._news: dict[str, asyncio.Future] = {}
         self._waiting: dict[str, int] = {}
+        self._about: dict[str, dict[str, int]] = {}  # channel -> policy -> the last event about it
+        self._for_all: dict[str, int] = {}  # channel -> the last event about everyone
 
     @ray.method(enable_task_events=_TASK_EVENTS)
     async def ring(self, channel: str, ring: Ring) -> None:
         last = self._rings.get(channel, _SILENT)
         self._rings[channel] = ring
+        if ring.epoch != last.epoch:  # another feed numbers its events anew
+            self._about[channel] = {}
+        if ring.everyone or ring.epoch != last.epoch:
+            self._for_all[channel] = ring.seq
+        self._about.setdefault(channel, {}).update(dict.fromkeys(ring.touched, ring.seq))
         news = self._news.get(channel)
         if (ring.seq, ring.epoch) != (last.seq, last.epoch) and news is not None and not news.done():
             news.set_result(None)
 
+    def _quiet(self, channel: str, since: int, epoch: FeedEpoch | str, follows: Collection[str] | None) -> bool:
+        """Whether the channel holds no news for a follower that has heard up to ``since`` in ``epoch`` and
+        follows ``follows`` (None: every policy)."""
+        ring = self._rings.get(channel, _SILENT)
+        if ring.epoch not in ("", epoch):
+            return False
+        if ring.seq <= since or follows is None:
+            return ring.seq <= since
+        about = self._about.get(channel, {})
+        return self._for_all.get(channel, 0) <= since and all(about.get(pid, 0) <= since for pid in follows)
+
     @ray.method(enable_task_events=_TASK_EVENTS)
-    async def wait(self, channel: str, since: int, epoch: FeedEpoch | str, timeout_s: float) -> Ring:
+    async def wait(self, channel: str, since: int, epoch: FeedEpoch | str, timeout_s: float,
+                   follows: Collection[str] | None = None) -> Ring:
         """The channel's ring, once it names an event after ``since`` or another epoch than ``epoch`` (the
-        caller's), or after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens)."""
+        caller's), or after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens).
+        ``follows``: the policies the caller follows; news about others waits for the heartbeat (a reader pays
+        for the snapshots it plays, not one call per publish of the league's other policies)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(float(timeout_s), 0.0), 60.0)
         self._waiting[channel] = self._waiting.get(channel, 0) + 1
         try:
-            while (ring := self._rings.get(channel, _SILENT)).seq <= since and ring.epoch in ("", epoch):
+            while self._quiet(channel, since, epoch, follows):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -302,9 +335,10 @@ class Bell:
     def ring(self, ring: Ring) -> None:
         self.actor.ring.remote(self.channel, ring)
 
-    def wait(self, since: int, epoch: FeedEpoch | str, timeout_s: float) -> ray.ObjectRef:
+    def wait(self, since: int, epoch: FeedEpoch | str, timeout_s: float, follows: Collection[str] | None = None
+             ) -> ray.ObjectRef:
         """A ref to the ring after ``since`` (see ``Doorbell.wait``)."""
-        return self.actor.wait.remote(self.channel, since, epoch, timeout_s)
+        return self.actor.wait.remote(self.channel, since, epoch, timeout_s, follows)
 
     def waiters(self) -> ray.ObjectRef:
         return self.actor.waiters.remote(self.channel)
@@ -421,7 +455,9 @@ class Follower:
                 if news or self._used or self._adopt:
                     if not self._call_store(session, limit):
                         return
-                ring = self._wait(self._bell.wait(self._seq, self._epoch or "", self._poll_s).future(),
+                with self._lock:
+                    follows = tuple(self._follows)
+                ring = self._wait(self._bell.wait(self._seq, self._epoch or "", self._poll_s, follows).future(),
                                   session, limit)
                 if ring is None:
                     return

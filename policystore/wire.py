@@ -114,6 +114,10 @@ class Ring:
     seq: int
     as_of: float
     epoch: FeedEpoch | str  # a store's feed epoch, or the catalog's: "" until the doorbell was first rung
+    # what the news since the previous ring is about: the policies it names, or everyone (deletes, a new epoch,
+    # a catalog's ring), so the doorbell wakes early only the followers of those policies
+    touched: tuple[str, ...] = ()
+    everyone: bool = True
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 fallback when the push is stale or the store restarts, deletes, eviction letting go of memory, Ray sessions,
 followers beyond the store's watch threads, and refs pushed only for what a reader opened."""
 
+import asyncio
 import dataclasses
 import os
 import shutil
@@ -23,7 +24,7 @@ from policystore.config import CATALOG_NAME, NAMESPACE, catalog_name, store_name
 from policystore.errors import UnknownPolicyError, UnknownVersionError
 from policystore.ids import SnapshotId
 from policystore.server import StoreServer
-from policystore.watch import Feed
+from policystore.watch import Doorbell, Feed
 from policystore.wire import FeedEpoch, HotSnapshot
 
 MiB = 1024 * 1024
@@ -121,6 +122,43 @@ def test_the_feed_hands_each_follower_the_changes_since_its_last_event():
     feed.catalog_epoch("db1")
     assert feed.epoch == FeedEpoch(start.epoch.store, "db1") and feed.ring().epoch == feed.epoch
     assert feed.watch(changes.seq, 0).epoch == feed.epoch != start.epoch  # a follower of the old epoch resets
+
+
+def test_the_doorbell_wakes_a_follower_early_only_for_news_about_what_it_follows():
+    """The feed's rings name the policies their news is about (deletes and new epochs: everyone), and the doorbell
+    (its class on one event loop, no Ray) wakes a follower of ``p`` for ``p``'s news and a delete at once, while
+    news about ``q`` reaches it only with its heartbeat; a follower of everything wakes for any news."""
+    feed, bell = Feed(), Doorbell()
+
+    async def rung(last):
+        ring = feed.next_ring(last, 0)
+        await bell.ring("s", ring)
+        await asyncio.sleep(0.05)  # the woken waiters run
+        return ring
+
+    async def scenario():
+        first = await rung(None)
+        assert first.everyone
+        of_p = asyncio.ensure_future(bell.wait("s", first.seq, first.epoch, WAIT_S, ["p"]))
+        of_all = asyncio.ensure_future(bell.wait("s", first.seq, first.epoch, WAIT_S))
+        feed.raise_latest("q", 1)
+        ring = await rung(first)
+        assert (ring.touched, ring.everyone) == (("q",), False)
+        assert of_all.done() and not of_p.done()
+        feed.raise_latest("p", 1)
+        feed.hot(HotSnapshot(SnapshotId("p", 1), b"", [None]))
+        ring = await rung(ring)
+        assert (ring.touched, ring.everyone) == (("p",), False) and of_p.done() and of_p.result().seq == ring.seq
+        of_p = asyncio.ensure_future(bell.wait("s", ring.seq, ring.epoch, WAIT_S, ["p"]))
+        feed.deleted(SnapshotId("q", 1))
+        ring = await rung(ring)
+        assert ring.everyone and of_p.done()
+        feed.raise_latest("q", 2)
+        ring = await rung(ring)
+        heartbeat = await bell.wait("s", ring.seq - 1, ring.epoch, 0.2, ["p"])  # times out, then tells the news
+        assert heartbeat.seq == ring.seq
+
+    asyncio.run(scenario())
 
 
 def test_commits_reach_other_processes_and_their_gets_skip_the_store(make_store, reader):
