@@ -86,11 +86,6 @@ class TensorEntry:
         """The torch dtype (imports torch)."""
         return torch_dtype(self.code)
 
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        """A numpy dtype of the same element size (raw bit patterns for BF16 and the F8 codes)."""
-        return _CODES[self.code][2]
-
 
 @dataclass(frozen=True)
 class Header:
