@@ -216,17 +216,6 @@ class DiskTier:
     def path_for(self, sid: SnapshotId, compressed: bool) -> Path:
         return self.root / check_policy_id(sid.policy_id) / file_name(sid.version, compressed)
 
-    def find(self, sid: SnapshotId) -> SpillFile | None:
-        """The committed file of ``sid``, raw or compressed, if there is one (regular files only)."""
-        # an OSError: no folder, or not a real one
-        with suppress(OSError), _subfolder(check_policy_id(sid.policy_id), self._fd) as folder:
-            for compressed in (False, True):
-                with suppress(FileNotFoundError):
-                    st = os.stat(file_name(sid.version, compressed), dir_fd=folder, follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode):
-                        return SpillFile(self.path_for(sid, compressed), compressed, st.st_size)
-        return None
-
     # ---- writing -------------------------------------------------------------------------------------------
     def check_room(self, nbytes: int, committed_bytes: int, pending_bytes: int, what: str) -> None:
         """Refuse up front when a snapshot of ``nbytes`` cannot fit beside what is stored and still being written."""
