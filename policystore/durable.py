@@ -147,7 +147,7 @@ class DurableTier:
         catalog's commit): if it raises, no marker is written and the data object is removed.
 
         Returns once the marker is written. Raises DurableTierError if the storage fails (nothing is committed
-        then, unless the failure hit the reply to the marker's own write: a later ``find`` tells), and
+        then, unless the failure hit the reply to the marker's own write: a later ``list_committed`` tells), and
         CorruptSnapshotError if the bytes no longer match their checksum (the shared copy was written to).
         Writing a snapshot that is already committed with the same checksum does nothing.
         """
@@ -235,11 +235,6 @@ class DurableTier:
             _sync_local(self.fs, posixpath.dirname(final))
 
     # ---- reading -------------------------------------------------------------------------------------------
-    def find(self, sid: SnapshotId) -> bool:
-        """Whether ``sid`` is committed here (its marker exists and is sound, and it was never deleted; the data
-        is checked on read)."""
-        return self._commit(sid) is not None and not self.deleted(sid)
-
     def deleted(self, sid: SnapshotId) -> bool:
         """Whether ``sid`` has a tombstone here (it was deleted, and is never served or written again)."""
         path = self._path(sid, TOMBSTONE_SUFFIX)
