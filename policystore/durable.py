@@ -31,7 +31,7 @@ import os
 import posixpath
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,9 +50,8 @@ from .format import (
     META_POLICY,
     Expected,
     Header,
-    check_data,
     check_identity,
-    iter_data,
+    send_checked,
     verify_buffer,
 )
 from .ids import SnapshotId, check_policy_id, check_version
@@ -210,13 +209,7 @@ class DurableTier:
         """Stream the buffer to a new object, checking the checksum of what leaves (CorruptSnapshotError)."""
         with self.fs.open_output_stream(path) as out:
             out.write(memoryview(buf).cast("B")[: header.data_offset])
-
-            def sent() -> Iterator[memoryview]:
-                for chunk in iter_data(header, buf):
-                    out.write(chunk)
-                    yield chunk
-
-            check_data(header, sent(), what)
+            send_checked(header, buf, out.write, what)
         _sync_local(self.fs, path)
 
     def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:

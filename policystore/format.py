@@ -547,6 +547,17 @@ def check_data(header: Header, chunks: Iterator[memoryview | bytes], name: str) 
         )
 
 
+def send_checked(header: Header, buf: np.ndarray, sink: Callable[[memoryview], object], what: str) -> None:
+    """Hand ``buf``'s data section to ``sink`` chunk by chunk, checksumming what leaves: CorruptSnapshotError
+    naming ``what`` if the bytes changed since they were packed (what was sent must then be dropped)."""
+    def sent() -> Iterator[memoryview]:
+        for chunk in iter_data(header, buf):
+            sink(chunk)
+            yield chunk
+
+    check_data(header, sent(), what)
+
+
 @dataclass(frozen=True)
 class Expected:
     """What the catalog recorded at publish: a copy (file, object) must hold exactly this snapshot to be served."""
