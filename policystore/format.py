@@ -84,7 +84,9 @@ class TensorEntry:
     @property
     def dtype(self) -> torch.dtype:
         """The torch dtype (imports torch)."""
-        return torch_dtype(self.code)
+        import torch
+
+        return getattr(torch, _CODES[self.code][0])
 
 
 @dataclass(frozen=True)
@@ -117,13 +119,6 @@ class Header:
         """What a CRC-32C checksum covers before the data: the tensor index and the metadata set at pack time."""
         signed = {k: v for k, v in self.metadata.items() if k not in UNSIGNED_META}
         return self.index_bytes() + json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
-
-
-def torch_dtype(code: str) -> torch.dtype:
-    """The torch dtype of a safetensors dtype code (imports torch)."""
-    import torch
-
-    return getattr(torch, _CODES[code][0])
 
 
 def _torch_code(dtype: Any) -> str | None:
