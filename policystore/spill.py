@@ -354,7 +354,9 @@ class DiskTier:
         policy_id, name = self._locate(file)
         target = f"{policy_id}.{name}.{time.time_ns()}"
         try:
-            with self._quarantine_folder() as qfd, self._folder(policy_id) as folder:
+            with suppress(FileExistsError):
+                os.mkdir(QUARANTINE, 0o700, dir_fd=self._fd)
+            with _subfolder(QUARANTINE, self._fd) as qfd, self._folder(policy_id) as folder:
                 try:
                     os.rename(name, target, src_dir_fd=folder, dst_dir_fd=qfd)
                 except FileNotFoundError:
@@ -416,13 +418,6 @@ class DiskTier:
             yield fd
         finally:
             os.close(fd)
-
-    @contextmanager
-    def _quarantine_folder(self) -> Iterator[int]:
-        with suppress(FileExistsError):
-            os.mkdir(QUARANTINE, 0o700, dir_fd=self._fd)
-        with _subfolder(QUARANTINE, self._fd) as fd:
-            yield fd
 
     def _unlink(self, file: SpillFile, *, sync: bool) -> None:
         """Remove one regular file of the tier; a symlinked folder or file is never followed."""
