@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import warnings
 import weakref
 from collections.abc import Callable, Collection, Iterator
@@ -333,11 +334,7 @@ def _frombuffer(buf: np.ndarray) -> torch.Tensor:
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
+    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
 _REFUSE_HOOK_KEY = "policystore.refuse_load_into_views"  # torch's own hook keys are ints: no clash
