@@ -69,7 +69,6 @@ class Survey:
     damaged: list[tuple[SnapshotId, Path, str]] = field(default_factory=list)
     temps: list[Path] = field(default_factory=list)
     others: list[Path] = field(default_factory=list)  # other regular files in policy folders (also in skipped)
-    quarantined: list[str] = field(default_factory=list)  # where ``DiskTier.scan`` moved the damaged files
 
 
 # ---- layout ------------------------------------------------------------------------------------------------
@@ -333,16 +332,14 @@ class DiskTier:
 
     def scan(self) -> Survey:
         """Every committed snapshot file under the root (headers only). Never raises on junk: unfinished temp
-        files are removed, damaged or misplaced snapshot files are quarantined (``quarantined`` says where),
+        files are removed, damaged or misplaced snapshot files are quarantined (``quarantined()`` lists them),
         anything else is left alone and reported in ``skipped``."""
         found = survey(self.root, self._fd, owner=os.geteuid() if self.private else None)
         for path in found.temps:
             log.info("removing unfinished spill file %s", path)
             self._unlink(SpillFile(path, False, 0), sync=False)
         for _sid, path, reason in found.damaged:
-            moved = self.quarantine(SpillFile(path, False, 0), reason)
-            if moved is not None:
-                found.quarantined.append(moved)
+            self.quarantine(SpillFile(path, False, 0), reason)
         for line in found.skipped:
             log.warning("spill scan: left alone %s", line)
         return found
