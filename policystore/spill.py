@@ -278,13 +278,8 @@ class DiskTier:
 
     # ---- reading -------------------------------------------------------------------------------------------
     def read(self, file: SpillFile, what: str, *, expect: Expected | None = None) -> np.ndarray:
-        """The snapshot's buffer, verified; CorruptSnapshotError (naming ``what``) otherwise.
-
-        Verified means: the file's own checksum holds, the policy id and version recorded inside are the ones
-        its place names, and (``expect``) its checksum is the one the catalog recorded. A file that fails is
-        moved to quarantine, never served and never deleted. A raw file is not copied: the buffer is a
-        read-only map of it, which ``ray.put`` copies once into shared memory.
-        """
+        """The snapshot's buffer, verified as the module docstring says; CorruptSnapshotError (naming ``what``)
+        otherwise. A raw file is not copied: the buffer is a read-only map of it, which ``ray.put`` copies once."""
         return self.restore(file, what, expect=expect, put=lambda buf: buf)
 
     def restore(self, file: SpillFile, what: str, *, expect: Expected | None = None,
