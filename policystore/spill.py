@@ -8,7 +8,7 @@ Nothing on disk is trusted. A read checks the file's own checksum, the policy id
 and (``expect``) the checksum the catalog recorded at publish; a file that fails is never served and never
 deleted: it is moved to ``<root>/.quarantine/`` with a reason. The tier works through file descriptors of its own
 folders and opens nothing through a symlink, so nothing outside the root is read, adopted or deleted; the root
-must belong to the running user, and a private tier creates folders 0700 and files 0600.
+must belong to the running user, and the tier creates folders 0700 and files 0600.
 """
 
 from __future__ import annotations
@@ -182,26 +182,19 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int, 
 
 # ---- the tier ------------------------------------------------------------------------------------------------
 class DiskTier:
-    """One node's spill folder (or a mounted durable folder, ``private=False``)."""
+    """One node's spill folder, private to the running user."""
 
-    def __init__(self, root: str | os.PathLike, *, compress: bool = True, capacity_bytes: int | None = None,
-                 private: bool = True):
+    def __init__(self, root: str | os.PathLike, *, compress: bool = True, capacity_bytes: int | None = None):
         self.root = Path(os.path.abspath(root))
         self.compress = compress
         self.capacity_bytes = capacity_bytes
-        self.private = private
-        self._dir_mode, self._file_mode = (0o700, 0o600) if private else (0o755, 0o644)
         try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise SnapshotFolderError(exc.errno, f"cannot create spill folder {self.root}: {exc.strerror}") from None
-        self._fd = open_folder_fd(self.root, follow=not private)
+        self._fd = open_folder_fd(self.root, follow=False)
         weakref.finalize(self, os.close, self._fd)
-        if private:
-            self._check_private()
-
-    def _check_private(self) -> None:
-        """A private tier's root must be this user's: another user could swap or read the files otherwise."""
+        # the root must be this user's: another user could swap or read the files otherwise
         st = os.fstat(self._fd)
         if st.st_uid != os.geteuid():
             raise SnapshotFolderError(
@@ -242,7 +235,7 @@ class DiskTier:
         try:
             with self._folder(sid.policy_id, create=True) as folder:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             self._file_mode, dir_fd=folder)
+                             0o600, dir_fd=folder)
                 try:
                     with open(fd, "wb") as f:
                         compressed = snapfile.write(f, buf, header, sid.version, compress=self.compress, what=(
@@ -308,7 +301,7 @@ class DiskTier:
             policy_id, name = self._locate(file)
             with open_file(self._fd, policy_id, name) as f:
                 st = os.fstat(f.fileno())
-                if not stat.S_ISREG(st.st_mode) or (self.private and st.st_uid != os.geteuid()):
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                     raise NotTheFile(f"{what}: {file.path} is not a regular file of this user")
                 version = parse_file_name(name)
                 if version is None:
@@ -329,7 +322,7 @@ class DiskTier:
         """Every committed snapshot file under the root (headers only). Never raises on junk: unfinished temp
         files are removed, damaged or misplaced snapshot files are quarantined (``quarantined()`` lists them),
         anything else is left alone and reported in ``skipped``."""
-        found = survey(self.root, self._fd, owner=os.geteuid() if self.private else None)
+        found = survey(self.root, self._fd, owner=os.geteuid())
         for path in found.temps:
             log.info("removing unfinished spill file %s", path)
             self._unlink(SpillFile(path, False, 0), sync=False)
@@ -355,7 +348,7 @@ class DiskTier:
                     return None
                 record = json.dumps({"path": str(file.path), "reason": reason, "when": time.time()}).encode()
                 fd = os.open(target + _REASON_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, self._file_mode, dir_fd=qfd)
+                             | os.O_CLOEXEC, 0o600, dir_fd=qfd)
                 with open(fd, "wb") as f:
                     f.write(record)
                     os.fsync(f.fileno())
@@ -401,7 +394,7 @@ class DiskTier:
     def _folder(self, policy_id: str, *, create: bool = False) -> Iterator[int]:
         if create:
             with suppress(FileExistsError):
-                os.mkdir(policy_id, self._dir_mode, dir_fd=self._fd)
+                os.mkdir(policy_id, 0o700, dir_fd=self._fd)
         try:
             fd = os.open(policy_id, _DIR_FLAGS, dir_fd=self._fd)
         except OSError as exc:
