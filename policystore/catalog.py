@@ -192,14 +192,12 @@ class CatalogServer:
         seed: Callable[[], tuple[Sequence[tuple[SnapshotId, Summary]], Sequence[str],
                                   Sequence[SnapshotId]]] | None = None,
         holdings: Callable[[], tuple[Sequence[Holdings], Sequence[str]]] | None = None,
-        event_log_keep: int = EVENT_LOG_KEEP,
     ):
         self.config = config  # the cluster's store settings: stores started later, anywhere, use them
         self._path = Path(db_path)
         self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
         self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
         self._bell: Bell | None = None  # found (or started) when the first watcher asks for it
-        self._keep = max(1, event_log_keep)
         self._calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
         opened = catalogdb.open_db(self._path)
@@ -566,8 +564,8 @@ class CatalogServer:
                 self._seq = seq
                 self._changed.notify_all()
                 self._ring()
-            if self._seq - self._pruned > self._keep + self._keep // 10 + 10:
-                self._prune(self._seq - self._keep)
+            if self._seq - self._pruned > EVENT_LOG_KEEP + EVENT_LOG_KEEP // 10 + 10:
+                self._prune(self._seq - EVENT_LOG_KEEP)
 
     def _prune(self, through: int) -> None:
         """Forget events up to ``through``; a failure here must not turn the change just made into an error."""
@@ -575,7 +573,7 @@ class CatalogServer:
             with catalogdb.transaction(self._db, durable=False) as db:
                 db.execute("DELETE FROM events WHERE seq <= ?", (through,))
                 db.execute("DELETE FROM publishes WHERE rowid <= (SELECT max(rowid) FROM publishes) - ?",
-                           (self._keep,))
+                           (EVENT_LOG_KEEP,))
                 db.execute("UPDATE info SET value = ? WHERE key = 'pruned_through'", (str(through),))
             self._pruned = through
         except PolicyStoreError as exc:

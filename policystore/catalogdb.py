@@ -284,11 +284,6 @@ def transaction(conn: sqlite3.Connection, *, durable: bool) -> Iterator[sqlite3.
                     conn.execute("ROLLBACK")
             raise
     except sqlite3.DatabaseError as exc:
-        raise storage_error(exc) from exc
-
-
-def storage_error(exc: sqlite3.DatabaseError) -> Exception:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
-        return DiskFullError(f"the catalog's disk is full: {exc} (the change was rolled back)")
-    return CatalogDatabaseError(f"the catalog database failed: {exc} (the change was rolled back)")
+        if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF == sqlite3.SQLITE_FULL:
+            raise DiskFullError(f"the catalog's disk is full: {exc} (the change was rolled back)") from exc
+        raise CatalogDatabaseError(f"the catalog database failed: {exc} (the change was rolled back)") from exc

@@ -31,7 +31,7 @@ import os
 import posixpath
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,9 +50,8 @@ from .format import (
     META_POLICY,
     Expected,
     Header,
-    check_data,
     check_identity,
-    iter_data,
+    send_checked,
     verify_buffer,
 )
 from .ids import SnapshotId, check_policy_id, check_version
@@ -147,7 +146,7 @@ class DurableTier:
         catalog's commit): if it raises, no marker is written and the data object is removed.
 
         Returns once the marker is written. Raises DurableTierError if the storage fails (nothing is committed
-        then, unless the failure hit the reply to the marker's own write: a later ``find`` tells), and
+        then, unless the failure hit the reply to the marker's own write: a later ``list_committed`` tells), and
         CorruptSnapshotError if the bytes no longer match their checksum (the shared copy was written to).
         Writing a snapshot that is already committed with the same checksum does nothing.
         """
@@ -210,13 +209,7 @@ class DurableTier:
         """Stream the buffer to a new object, checking the checksum of what leaves (CorruptSnapshotError)."""
         with self.fs.open_output_stream(path) as out:
             out.write(memoryview(buf).cast("B")[: header.data_offset])
-
-            def sent() -> Iterator[memoryview]:
-                for chunk in iter_data(header, buf):
-                    out.write(chunk)
-                    yield chunk
-
-            check_data(header, sent(), what)
+            send_checked(header, buf, out.write, what)
         _sync_local(self.fs, path)
 
     def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:
@@ -235,11 +228,6 @@ class DurableTier:
             _sync_local(self.fs, posixpath.dirname(final))
 
     # ---- reading -------------------------------------------------------------------------------------------
-    def find(self, sid: SnapshotId) -> bool:
-        """Whether ``sid`` is committed here (its marker exists and is sound, and it was never deleted; the data
-        is checked on read)."""
-        return self._commit(sid) is not None and not self.deleted(sid)
-
     def deleted(self, sid: SnapshotId) -> bool:
         """Whether ``sid`` has a tombstone here (it was deleted, and is never served or written again)."""
         path = self._path(sid, TOMBSTONE_SUFFIX)

@@ -84,12 +84,9 @@ class TensorEntry:
     @property
     def dtype(self) -> torch.dtype:
         """The torch dtype (imports torch)."""
-        return torch_dtype(self.code)
+        import torch
 
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        """A numpy dtype of the same element size (raw bit patterns for BF16 and the F8 codes)."""
-        return _CODES[self.code][2]
+        return getattr(torch, _CODES[self.code][0])
 
 
 @dataclass(frozen=True)
@@ -122,13 +119,6 @@ class Header:
         """What a CRC-32C checksum covers before the data: the tensor index and the metadata set at pack time."""
         signed = {k: v for k, v in self.metadata.items() if k not in UNSIGNED_META}
         return self.index_bytes() + json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
-
-
-def torch_dtype(code: str) -> torch.dtype:
-    """The torch dtype of a safetensors dtype code (imports torch)."""
-    import torch
-
-    return getattr(torch, _CODES[code][0])
 
 
 def _torch_code(dtype: Any) -> str | None:
@@ -550,6 +540,17 @@ def check_data(header: Header, chunks: Iterator[memoryview | bytes], name: str) 
             f"{name}: checksum mismatch (recorded {header.checksum or 'none'}, computed {actual}): "
             "the bytes changed after publish"
         )
+
+
+def send_checked(header: Header, buf: np.ndarray, sink: Callable[[memoryview], object], what: str) -> None:
+    """Hand ``buf``'s data section to ``sink`` chunk by chunk, checksumming what leaves: CorruptSnapshotError
+    naming ``what`` if the bytes changed since they were packed (what was sent must then be dropped)."""
+    def sent() -> Iterator[memoryview]:
+        for chunk in iter_data(header, buf):
+            sink(chunk)
+            yield chunk
+
+    check_data(header, sent(), what)
 
 
 @dataclass(frozen=True)

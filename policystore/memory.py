@@ -35,15 +35,11 @@ def return_big_frees_to_the_os(threshold_bytes: int = MiB) -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
 
 
-def _session_dir() -> str | None:
-    node = getattr(ray._private.worker, "_global_node", None)
-    return node.get_session_dir_path() if node is not None else None
-
-
 def session_processes(extra_pids: Iterable[int] = ()) -> list[psutil.Process]:
     """This driver, every raylet/GCS process of its Ray session on this machine, and all their descendants."""
     roots = {os.getpid(), *extra_pids}
-    session = _session_dir()
+    node = getattr(ray._private.worker, "_global_node", None)
+    session = node.get_session_dir_path() if node is not None else None
     if session:
         for proc in psutil.process_iter(["cmdline"]):
             try:

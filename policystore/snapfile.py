@@ -30,9 +30,9 @@ from .format import (
     Header,
     check_data,
     check_identity,
-    iter_data,
     parse_header,
     read_header,
+    send_checked,
     versioned_head,
 )
 from .ids import SnapshotId
@@ -236,20 +236,14 @@ def _write(f: BinaryIO, head: bytes, buf: np.ndarray, header: Header, total: int
     """Write the file (raw or one lz4 frame recording ``total``), checking the checksum of what was written."""
     if not compressed:
         f.write(head)
-        return check_data(header, _tee(iter_data(header, buf), f.write), what)
+        return send_checked(header, buf, f.write, what)
     with lz4.frame.LZ4FrameCompressor(block_linked=False) as comp:
         f.write(comp.begin(total))
         f.write(comp.compress(head))
-        check_data(header, _tee(iter_data(header, buf), lambda c: f.write(comp.compress(c))), what)
+        send_checked(header, buf, lambda chunk: f.write(comp.compress(chunk)), what)
         f.write(comp.flush())
 
 
 def _worth_compressing(buf: np.ndarray) -> bool:
     probe = memoryview(buf).cast("B")[:_PROBE_BYTES]
     return len(lz4.frame.compress(probe)) < 0.9 * len(probe)
-
-
-def _tee(chunks: Iterator[memoryview], sink: Callable[[memoryview], object]) -> Iterator[memoryview]:
-    for chunk in chunks:
-        sink(chunk)
-        yield chunk

@@ -8,7 +8,7 @@ Nothing on disk is trusted. A read checks the file's own checksum, the policy id
 and (``expect``) the checksum the catalog recorded at publish; a file that fails is never served and never
 deleted: it is moved to ``<root>/.quarantine/`` with a reason. The tier works through file descriptors of its own
 folders and opens nothing through a symlink, so nothing outside the root is read, adopted or deleted; the root
-must belong to the running user, and a private tier creates folders 0700 and files 0600.
+must belong to the running user, and the tier creates folders 0700 and files 0600.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ class Survey:
     damaged: list[tuple[SnapshotId, Path, str]] = field(default_factory=list)
     temps: list[Path] = field(default_factory=list)
     others: list[Path] = field(default_factory=list)  # other regular files in policy folders (also in skipped)
-    quarantined: list[str] = field(default_factory=list)  # where ``DiskTier.scan`` moved the damaged files
 
 
 # ---- layout ------------------------------------------------------------------------------------------------
@@ -183,26 +182,19 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int, 
 
 # ---- the tier ------------------------------------------------------------------------------------------------
 class DiskTier:
-    """One node's spill folder (or a mounted durable folder, ``private=False``)."""
+    """One node's spill folder, private to the running user."""
 
-    def __init__(self, root: str | os.PathLike, *, compress: bool = True, capacity_bytes: int | None = None,
-                 private: bool = True):
+    def __init__(self, root: str | os.PathLike, *, compress: bool = True, capacity_bytes: int | None = None):
         self.root = Path(os.path.abspath(root))
         self.compress = compress
         self.capacity_bytes = capacity_bytes
-        self.private = private
-        self._dir_mode, self._file_mode = (0o700, 0o600) if private else (0o755, 0o644)
         try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise SnapshotFolderError(exc.errno, f"cannot create spill folder {self.root}: {exc.strerror}") from None
-        self._fd = open_folder_fd(self.root, follow=not private)
+        self._fd = open_folder_fd(self.root, follow=False)
         weakref.finalize(self, os.close, self._fd)
-        if private:
-            self._check_private()
-
-    def _check_private(self) -> None:
-        """A private tier's root must be this user's: another user could swap or read the files otherwise."""
+        # the root must be this user's: another user could swap or read the files otherwise
         st = os.fstat(self._fd)
         if st.st_uid != os.geteuid():
             raise SnapshotFolderError(
@@ -215,17 +207,6 @@ class DiskTier:
 
     def path_for(self, sid: SnapshotId, compressed: bool) -> Path:
         return self.root / check_policy_id(sid.policy_id) / file_name(sid.version, compressed)
-
-    def find(self, sid: SnapshotId) -> SpillFile | None:
-        """The committed file of ``sid``, raw or compressed, if there is one (regular files only)."""
-        # an OSError: no folder, or not a real one
-        with suppress(OSError), _subfolder(check_policy_id(sid.policy_id), self._fd) as folder:
-            for compressed in (False, True):
-                with suppress(FileNotFoundError):
-                    st = os.stat(file_name(sid.version, compressed), dir_fd=folder, follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode):
-                        return SpillFile(self.path_for(sid, compressed), compressed, st.st_size)
-        return None
 
     # ---- writing -------------------------------------------------------------------------------------------
     def check_room(self, nbytes: int, committed_bytes: int, pending_bytes: int, what: str) -> None:
@@ -254,7 +235,7 @@ class DiskTier:
         try:
             with self._folder(sid.policy_id, create=True) as folder:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             self._file_mode, dir_fd=folder)
+                             0o600, dir_fd=folder)
                 try:
                     with open(fd, "wb") as f:
                         compressed = snapfile.write(f, buf, header, sid.version, compress=self.compress, what=(
@@ -290,13 +271,8 @@ class DiskTier:
 
     # ---- reading -------------------------------------------------------------------------------------------
     def read(self, file: SpillFile, what: str, *, expect: Expected | None = None) -> np.ndarray:
-        """The snapshot's buffer, verified; CorruptSnapshotError (naming ``what``) otherwise.
-
-        Verified means: the file's own checksum holds, the policy id and version recorded inside are the ones
-        its place names, and (``expect``) its checksum is the one the catalog recorded. A file that fails is
-        moved to quarantine, never served and never deleted. A raw file is not copied: the buffer is a
-        read-only map of it, which ``ray.put`` copies once into shared memory.
-        """
+        """The snapshot's buffer, verified as the module docstring says; CorruptSnapshotError (naming ``what``)
+        otherwise. A raw file is not copied: the buffer is a read-only map of it, which ``ray.put`` copies once."""
         return self.restore(file, what, expect=expect, put=lambda buf: buf)
 
     def restore(self, file: SpillFile, what: str, *, expect: Expected | None = None,
@@ -325,7 +301,7 @@ class DiskTier:
             policy_id, name = self._locate(file)
             with open_file(self._fd, policy_id, name) as f:
                 st = os.fstat(f.fileno())
-                if not stat.S_ISREG(st.st_mode) or (self.private and st.st_uid != os.geteuid()):
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                     raise NotTheFile(f"{what}: {file.path} is not a regular file of this user")
                 version = parse_file_name(name)
                 if version is None:
@@ -344,16 +320,14 @@ class DiskTier:
 
     def scan(self) -> Survey:
         """Every committed snapshot file under the root (headers only). Never raises on junk: unfinished temp
-        files are removed, damaged or misplaced snapshot files are quarantined (``quarantined`` says where),
+        files are removed, damaged or misplaced snapshot files are quarantined (``quarantined()`` lists them),
         anything else is left alone and reported in ``skipped``."""
-        found = survey(self.root, self._fd, owner=os.geteuid() if self.private else None)
+        found = survey(self.root, self._fd, owner=os.geteuid())
         for path in found.temps:
             log.info("removing unfinished spill file %s", path)
             self._unlink(SpillFile(path, False, 0), sync=False)
         for _sid, path, reason in found.damaged:
-            moved = self.quarantine(SpillFile(path, False, 0), reason)
-            if moved is not None:
-                found.quarantined.append(moved)
+            self.quarantine(SpillFile(path, False, 0), reason)
         for line in found.skipped:
             log.warning("spill scan: left alone %s", line)
         return found
@@ -365,14 +339,16 @@ class DiskTier:
         policy_id, name = self._locate(file)
         target = f"{policy_id}.{name}.{time.time_ns()}"
         try:
-            with self._quarantine_folder() as qfd, self._folder(policy_id) as folder:
+            with suppress(FileExistsError):
+                os.mkdir(QUARANTINE, 0o700, dir_fd=self._fd)
+            with _subfolder(QUARANTINE, self._fd) as qfd, self._folder(policy_id) as folder:
                 try:
                     os.rename(name, target, src_dir_fd=folder, dst_dir_fd=qfd)
                 except FileNotFoundError:
                     return None
                 record = json.dumps({"path": str(file.path), "reason": reason, "when": time.time()}).encode()
                 fd = os.open(target + _REASON_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, self._file_mode, dir_fd=qfd)
+                             | os.O_CLOEXEC, 0o600, dir_fd=qfd)
                 with open(fd, "wb") as f:
                     f.write(record)
                     os.fsync(f.fileno())
@@ -418,7 +394,7 @@ class DiskTier:
     def _folder(self, policy_id: str, *, create: bool = False) -> Iterator[int]:
         if create:
             with suppress(FileExistsError):
-                os.mkdir(policy_id, self._dir_mode, dir_fd=self._fd)
+                os.mkdir(policy_id, 0o700, dir_fd=self._fd)
         try:
             fd = os.open(policy_id, _DIR_FLAGS, dir_fd=self._fd)
         except OSError as exc:
@@ -427,13 +403,6 @@ class DiskTier:
             yield fd
         finally:
             os.close(fd)
-
-    @contextmanager
-    def _quarantine_folder(self) -> Iterator[int]:
-        with suppress(FileExistsError):
-            os.mkdir(QUARANTINE, 0o700, dir_fd=self._fd)
-        with _subfolder(QUARANTINE, self._fd) as fd:
-            yield fd
 
     def _unlink(self, file: SpillFile, *, sync: bool) -> None:
         """Remove one regular file of the tier; a symlinked folder or file is never followed."""

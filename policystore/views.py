@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import warnings
 import weakref
 from collections.abc import Callable, Collection, Iterator
@@ -105,22 +106,17 @@ def _any_shared(value: Any) -> SharedTensor | None:
 def _written_shared(func: Callable, args: tuple, kwargs: dict) -> SharedTensor | None:
     """The shared tensor ``func`` would write into, if any."""
     kind = _kind(func)
-    first = args[0] if args else next(iter(kwargs.values()), None)  # torch.nn.init.* pass it by keyword
+    written = []  # what func writes into: its first argument, a renormalised weight, running statistics, out=
     if kind.in_place or _arg(args, kwargs, kind.inplace_flag, "inplace") is True:
-        target = _any_shared(first)
-        if target is not None:
-            return target
+        written.append(args[0] if args else next(iter(kwargs.values()), None))  # torch.nn.init.* pass it by keyword
     if kind.renorm_weight is not None and _arg(args, kwargs, kind.max_norm, "max_norm") is not None:
-        target = _any_shared(_arg(args, kwargs, kind.renorm_weight, "weight"))
-        if target is not None:
-            return target
+        written.append(_arg(args, kwargs, kind.renorm_weight, "weight"))
     if _func_name(func) in ("batch_norm", "instance_norm") and _norm_is_training(args, kwargs):
         # functional norms update their running statistics in place while training
-        stats = [kwargs.get(k) for k in ("running_mean", "running_var")] + list(args[1:3])
-        target = next((t for t in stats if isinstance(t, SharedTensor)), None)
-        if target is not None:
-            return target
-    return _any_shared(kwargs.get("out")) if "out" in kwargs else None
+        written += [kwargs.get("running_mean"), kwargs.get("running_var"), *args[1:3]]
+    if "out" in kwargs:
+        written.append(kwargs["out"])
+    return next((t for t in map(_any_shared, written) if t is not None), None) if written else None
 
 
 def _norm_is_training(args: tuple, kwargs: dict) -> bool:
@@ -338,11 +334,7 @@ def _frombuffer(buf: np.ndarray) -> torch.Tensor:
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
+    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
 _REFUSE_HOOK_KEY = "policystore.refuse_load_into_views"  # torch's own hook keys are ints: no clash

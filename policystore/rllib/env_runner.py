@@ -97,7 +97,7 @@ class SharedModulesMixin:
         matchmaking that names them."""
         self.sync_league()
         path = super().save_to_path(path, **kwargs)
-        frozen = {mid: self._league_entry(mid) for mid in self._frozen}
+        frozen = {mid: self._league_state.frozen[mid] for mid in self._frozen}
         matchmaking = checkpoint.Matchmaking(_unchecked(self.config.policy_mapping_fn), self.config.policies_to_train)
         checkpoint.save(path, frozen, matchmaking, self._policystore_settings().store(), kwargs.get("filesystem"))
         return path
@@ -124,9 +124,6 @@ class SharedModulesMixin:
         settings = find_settings(self._callbacks, type(self).__name__)
         settings.bind(self._policystore_log_dir)
         return settings
-
-    def _league_entry(self, module_id: str) -> FrozenEntry:
-        return self._league_state.frozen[module_id]
 
     def _apply_league(self, state: LeagueState) -> bool:
         """Match ``state``; False if a snapshot is not in the store (yet), to be retried."""

@@ -50,7 +50,7 @@ def add_frozen(
         raise ValueError(f"add_frozen: module_id and from_module_id are both {module_id!r}; use a new id")
     source = algorithm.get_module(from_module_id)
     if source is None:
-        known = _module_ids(algorithm)
+        known = sorted(algorithm.env_runner.module.keys()) if algorithm.env_runner is not None else []
         raise KeyError(f"add_frozen: no module {from_module_id!r} in this Algorithm (known: {known})")
     spec = dataclasses.replace(RLModuleSpec.from_module(source), inference_only=True, load_state_path=None)
     weights = _inference_weights(algorithm, from_module_id, source, spec)
@@ -131,10 +131,6 @@ def league_name(algorithm: Any) -> str:
 def settings_of(algorithm: Any) -> LeagueSettings:
     """The league settings of a built Algorithm (NotSetUpError if its config lacks PolicyStoreCallback)."""
     return find_settings(algorithm.callbacks, "this Algorithm")
-
-
-def _module_ids(algorithm: Any) -> list[str]:
-    return sorted(algorithm.env_runner.module.keys()) if algorithm.env_runner is not None else []
 
 
 def _inference_weights(

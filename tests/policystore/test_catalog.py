@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from policystore import catalog as catalog_module
 from policystore import catalogdb
 from policystore.catalog import CONCURRENCY_GROUPS, VERSION_BLOCK, CatalogServer
 from policystore.config import StoreConfig
@@ -461,8 +462,10 @@ def test_watch_long_poll_wakes_on_a_commit(open_catalog):
     assert (quiet.seq, quiet.reset, quiet.committed) == (events.seq, False, ())
 
 
-def test_watch_resets_a_watcher_behind_the_kept_log_or_from_another_database(open_catalog, db_path, tmp_path):
-    catalog = open_catalog(event_log_keep=5)
+def test_watch_resets_a_watcher_behind_the_kept_log_or_from_another_database(open_catalog, db_path, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setattr(catalog_module, "EVENT_LOG_KEEP", 5)
+    catalog = open_catalog()
     for _ in range(30):
         catalog.publish("a", "n1", summary())
     head = catalog.watch(0, 0)
@@ -473,7 +476,7 @@ def test_watch_resets_a_watcher_behind_the_kept_log_or_from_another_database(ope
     assert catalog.watch(head.seq + 5, 0).reset  # a seq this database never reached
     assert catalog.watch(head.seq, 0, epoch="another").reset
     catalog.close()
-    reopened = open_catalog(event_log_keep=5)  # same database: same epoch, the log continues
+    reopened = open_catalog()  # same database: same epoch, the log continues
     assert reopened.health().epoch == head.epoch and not reopened.health().new
     reopened.publish("a", "n1", summary())
     assert [e.version for e in reopened.watch(head.seq, 0, epoch=head.epoch).committed] == [31]

@@ -62,7 +62,7 @@ def test_round_trip_and_rebuild_from_the_uri(local_uri):
     for sid, summary in listed:
         header = parse_header(bufs[sid], name=str(sid))
         assert summary == Summary(header.nbytes, header.checksum, header.user_meta, summary.created, durable=True)
-        assert fresh.find(sid)
+        assert sid in dict(fresh.list_committed())
         got = fresh.read(sid, Expected(*sid, header.checksum))
         assert np.array_equal(got, bufs[sid])
     assert dict(listed)[SnapshotId("exploiter", 5)].meta == {"frozen": True}
@@ -88,7 +88,7 @@ def test_half_written_or_uncommitted_objects_are_never_snapshots(tmp_path):
     (tmp_path / "p" / "0000000001.deadbeef.safetensors").write_bytes(buf[: len(buf) // 2].tobytes())
     (tmp_path / "p" / ".tmp-123").write_bytes(b'{"policy_id": "p"')
     assert tier.list_committed() == []
-    assert not tier.find(SnapshotId("p", 1))
+    assert SnapshotId("p", 1) not in dict(tier.list_committed())
     with pytest.raises(SnapshotLostError, match="not committed"):
         tier.read(SnapshotId("p", 1))
 
@@ -115,7 +115,7 @@ def test_damage_is_detected_on_read(tmp_path, damage):
         raw = json.loads(marker.read_text())
         marker.write_text(json.dumps({**raw, "version": 4}))
     if damage in ("torn_marker", "foreign_marker"):
-        assert not tier.find(sid) and tier.list_committed() == []
+        assert tier.list_committed() == []
         with pytest.raises(SnapshotLostError):
             tier.read(sid)
         return
@@ -146,7 +146,7 @@ def test_remove_uncommits_and_deletes_leftovers(tmp_path):
     (tmp_path / "p" / "0000000002.leftover.safetensors").write_bytes(b"partial")
     _write(tier, SnapshotId("p", 20), _snapshot("p", seed=20))
     tier.remove(sid)
-    assert not tier.find(sid)
+    assert sid not in dict(tier.list_committed())
     assert [s for s, _ in tier.list_committed()] == [SnapshotId("p", 20)]
     assert sorted(p.name for p in (tmp_path / "p").iterdir() if not p.name.startswith("0000000020.")) == [
         "0000000002.deleted.json"]  # only its tombstone is left
@@ -171,7 +171,7 @@ def test_a_tombstone_keeps_a_snapshot_deleted_whatever_lands_after_it(tmp_path, 
         with pytest.raises(DurableTierError, match="deleted"):
             _write(tier, sid, buf)
     fresh = DurableTier.open(str(tmp_path))
-    assert not fresh.find(sid) and fresh.list_committed() == [] and fresh.committed_ids() == set()
+    assert fresh.list_committed() == [] and fresh.committed_ids() == set()
     assert fresh.deleted_ids() == {sid}
     with pytest.raises(SnapshotLostError, match="deleted|not committed"):
         fresh.read(sid)
@@ -209,7 +209,7 @@ def test_the_marker_is_written_only_after_the_catalogs_commit(tmp_path):
     assert seen == [["safetensors"]]  # the data object, no marker yet
     assert tier.list_committed() == [] and list((tmp_path / "p").iterdir()) == []
     tier.write(SnapshotId("p", 1), buf, parse_header(buf, name="p@v1"), before_marker=lambda: seen.append("ok"))
-    assert seen[-1] == "ok" and tier.find(SnapshotId("p", 1))
+    assert seen[-1] == "ok" and SnapshotId("p", 1) in dict(tier.list_committed())
     # Unreadable markers are skipped and said, for a catalog to count.
     (tmp_path / "p" / f"{2:010d}{MARKER_SUFFIX}").write_text("garbage")
     listed, skipped, deleted = survey(str(tmp_path))
@@ -239,7 +239,7 @@ def test_s3_round_trip_and_rebuild(s3_server, monkeypatch):
     assert sid == SnapshotId("main_0", 1) and summary.meta == {"frozen": True}
     assert np.array_equal(fresh.read(sid, Expected(*sid, summary.checksum)), buf)
     fresh.remove(sid)
-    assert fresh.list_committed() == [] and not tier.find(sid)
+    assert fresh.list_committed() == [] and sid not in dict(tier.list_committed())
 
 
 class _DyingProxy:
@@ -323,7 +323,8 @@ def test_s3_server_going_away_mid_upload(s3_server, big, upload_bytes, cut):
     assert completed == (cut == "never") and proxy.dead == (cut != "never")
     proxy.die()
     direct = DurableTier(_s3(s3_server.port), prefix)  # the server is reachable again
-    if direct.find(sid):  # committed (only the reply to the marker's PUT was lost): then whole and verified
+    # committed (only the reply to the marker's PUT was lost): then whole and verified
+    if sid in dict(direct.list_committed()):
         assert cut in ("marker", "never")
         assert np.array_equal(direct.read(sid), big)
     else:
@@ -442,7 +443,8 @@ def test_a_hanging_durable_tier_blocks_no_read_and_no_non_durable_publish(make_s
     direct = DurableTier.open(_s3_uri(s3_server, s3_server.port, "hang"))
     wanted = {SnapshotId("h", v) for v in (1, 3, 4, 5, 6)}
     eventually(lambda: direct.committed_ids() == wanted, "the uploads after the hang", 240, ignore=RESTARTING)
-    assert not direct.find(SnapshotId("h", 2))  # the publish that failed stays out, whatever its upload did
+    # the publish that failed stays out, whatever its upload did
+    assert SnapshotId("h", 2) not in dict(direct.list_committed())
     gate.set("down")
 
 

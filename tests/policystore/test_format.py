@@ -223,7 +223,7 @@ def test_numpy_arrays_round_trip_exactly_with_their_shape(shape):
     for name, arr in arrays.items():
         entry = header.tensors[name]
         assert entry.shape == shape
-        back = buf[header.data_offset + entry.start : header.data_offset + entry.end].view(entry.numpy_dtype)
+        back = buf[header.data_offset + entry.start : header.data_offset + entry.end].view(arr.dtype)
         assert back.reshape(shape).dtype == arr.dtype and np.array_equal(back.reshape(shape), arr), name
     views = tensor_views(buf, header, "p")
     assert views["float32"].shape == shape  # a 0-d array stays 0-d, not (1,)
