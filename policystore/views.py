@@ -116,7 +116,7 @@ def _written_shared(func: Callable, args: tuple, kwargs: dict) -> SharedTensor |
         written += [kwargs.get("running_mean"), kwargs.get("running_var"), *args[1:3]]
     if "out" in kwargs:
         written.append(kwargs["out"])
-    return next((t for t in map(_any_shared, written) if t is not None), None) if written else None
+    return next((t for t in map(_any_shared, written) if t is not None), None)
 
 
 def _norm_is_training(args: tuple, kwargs: dict) -> bool:

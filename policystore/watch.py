@@ -271,7 +271,7 @@ class Doorbell:
     async def ring(self, channel: str, ring: Ring) -> None:
         last = self._rings.get(channel, _SILENT)
         self._rings[channel] = ring
-        if ring.epoch != last.epoch:  # another feed numbers its events anew
+        if ring.epoch != last.epoch:  # another feed (numbered anew), or news this doorbell missed: for everyone
             self._about[channel] = {}
         if ring.everyone or ring.epoch != last.epoch:
             self._for_all[channel] = ring.seq
@@ -286,8 +286,10 @@ class Doorbell:
         ring = self._rings.get(channel, _SILENT)
         if ring.epoch not in ("", epoch):
             return False
-        if ring.seq <= since or follows is None:
-            return ring.seq <= since
+        if ring.seq <= since:
+            return True
+        if follows is None:
+            return False
         about = self._about.get(channel, {})
         return self._for_all.get(channel, 0) <= since and all(about.get(pid, 0) <= since for pid in follows)
 
