@@ -76,7 +76,7 @@ MAX_EVENTS = 1000  # per watch answer; the watcher asks again from the answer's 
 EVENT_LOG_KEEP = 10_000  # events kept for watchers that fall behind; older ones get a reset
 # The highest version the catalog takes from a store or a marker: far beyond any real league, and leaves room for
 # the version counters (version + a block) inside sqlite's 64-bit integers.
-MAX_VERSION = 2**62
+MAX_REPORTED_VERSION = 2**62
 REBUILD_WAIT_S = 30.0  # how long a catalog with a new database waits for the live stores' holdings
 
 _ENTRY = "SELECT pid, version, nbytes, checksum, meta, created, durable FROM snapshots"
@@ -136,11 +136,11 @@ def _check_reports(entries: Sequence[tuple[Any, Any]],
 
 
 def _check_id(raw: Any) -> SnapshotId:
-    """A reported snapshot id, checked (policy id, version from 1 to ``MAX_VERSION``)."""
+    """A reported snapshot id, checked (policy id, version from 1 to ``MAX_REPORTED_VERSION``)."""
     policy_id, version = raw
     sid = SnapshotId(check_policy_id(policy_id), check_version(version))
-    if sid.version > MAX_VERSION:
-        raise InvalidPolicyIdError(f"{sid}: version is beyond the catalog's limit of {MAX_VERSION}")
+    if sid.version > MAX_REPORTED_VERSION:
+        raise InvalidPolicyIdError(f"{sid}: version is beyond the catalog's limit of {MAX_REPORTED_VERSION}")
     return sid
 
 
