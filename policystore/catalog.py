@@ -60,6 +60,7 @@ from .errors import (
     PolicyStoreError,
     UnknownPolicyError,
     UnknownVersionError,
+    brief,
 )
 from .format import check_meta
 from .ids import SnapshotId, check_policy_id, check_version
@@ -756,5 +757,5 @@ def ask_stores(league: str, timeout_s: float = REBUILD_WAIT_S) -> tuple[list[Hol
             reports.append(ray.get(ref))
         except Exception as exc:
             problems.append(f"the store on node {calls[ref]} could not report: {type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0][:200]}")
+                            f"{brief(exc)}")
     return reports, problems

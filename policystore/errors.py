@@ -96,3 +96,10 @@ class WriteProtectionError(PolicyStoreError, OSError):
     """This process could not make a snapshot's shared pages read-only (``mprotect`` failed, e.g. ENOMEM at the
     kernel's ``vm.max_map_count``): its views are refused, since a stray write through them would change the weights
     of every process on the node."""
+
+
+def brief(exc: BaseException, limit: int = 200) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters ("" for none): enough to name a problem
+    inside a log line or a report without pasting a remote traceback into it."""
+    text = str(exc)
+    return text.splitlines()[0][:limit] if text.strip() else ""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import crc32c
 import numpy as np
 
-from .errors import CorruptSnapshotError, InvalidMetaError, InvalidWeightsError, PolicyStoreError
+from .errors import CorruptSnapshotError, InvalidMetaError, InvalidWeightsError, PolicyStoreError, brief
 from .ids import SnapshotId
 
 if TYPE_CHECKING:
@@ -405,7 +405,7 @@ def parse_header(buf: np.ndarray | memoryview | bytes, *, name: str, total: int 
     except CorruptSnapshotError:
         raise
     except Exception as exc:
-        raise CorruptSnapshotError(f"{name}: unreadable header ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise CorruptSnapshotError(f"{name}: unreadable header ({type(exc).__name__}: {brief(exc)})") from None
 
 
 def parse_head(head: bytes, *, name: str) -> Header:
@@ -431,7 +431,7 @@ def _parse(view: memoryview, name: str, total: int) -> Header:
     try:
         raw = json.loads(bytes(view[8:data_offset]), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise CorruptSnapshotError(f"{name}: header is not valid JSON ({str(exc)[:200]})") from None
+        raise CorruptSnapshotError(f"{name}: header is not valid JSON ({brief(exc)})") from None
     if not isinstance(raw, dict):
         raise CorruptSnapshotError(f"{name}: header is not a JSON object")
     metadata = raw.pop("__metadata__", None) or {}

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from .errors import brief
 from .ids import SnapshotId
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class HolderBatch:
                 failures += 1
                 if failures == 1 or failures % 20 == 0:
                     log.warning("could not send %d holder changes to the catalog (%s: %s); retrying", len(batch),
-                                type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+                                type(exc).__name__, brief(exc))
                 with self._changed:
                     self._changes = {**batch, **self._changes}
             finally:

@@ -50,6 +50,7 @@ from .errors import (
     SnapshotLostError,
     SnapshotTooLargeError,
     UnknownPolicyError,
+    brief,
 )
 from .format import (
     META_POLICY,
@@ -267,7 +268,7 @@ class StoreServer:
                 bell = None  # a restarted catalog may stand on another node
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
-                    log.warning("following the catalog failed (%s: %s)", type(exc).__name__, str(exc)[:200])
+                    log.warning("following the catalog failed (%s: %s)", type(exc).__name__, brief(exc))
                 time.sleep(min(0.05 * failures, 1.0))
                 continue
             failures = 0
@@ -679,7 +680,7 @@ class StoreServer:
                 copy = self._own_copy(sid, buf, info.summary.checksum, "the durable tier", verified=True)
                 del buf
             except (SnapshotLostError, DurableTierError, CorruptSnapshotError) as exc:
-                problems.append(f"durable tier: {str(exc).splitlines()[0][:300]}")
+                problems.append(f"durable tier: {brief(exc)}")
         if copy is None:
             raise SnapshotLostError(
                 f"{sid} is in the catalog but no live copy could be fetched "
@@ -748,7 +749,7 @@ class StoreServer:
                 finally:
                     del buf
             except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
-                problems.append(f"node {holder}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                problems.append(f"node {holder}: {type(exc).__name__}: {brief(exc)}")
         return None
 
     def _own_copy(self, sid: SnapshotId, buf: np.ndarray, checksum: str, source: str, *,
