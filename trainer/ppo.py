@@ -28,7 +28,7 @@ class PPOConfig:
     minibatch: int = 2048
     batch: int = 8192             # samples gathered before an update
     entropy_coef: float = 0.01
-    tactics_coef: float = 0.0     # weight of -log p(a forced move) where the game's rule names one (Game.tactics)
+    tactics_coef: float = 1.0     # weight of -log p(a forced move) where the game's rule names one (Game.tactics)
     value_coef: float = 0.5
     max_grad_norm: float = 0.5
 
@@ -85,8 +85,7 @@ class PPO:
 
     def __init__(self, net: nn.Module, cfg: PPOConfig, device: torch.device, seed: int = 0,
                  tactics: Callable[[np.ndarray], np.ndarray] | None = None):
-        if cfg.tactics_coef and tactics is None:
-            raise ValueError("tactics_coef needs a game with a forced-move rule (Game.tactics); this one has none")
+        """``tactics``: the game's forced-move rule (``Game.tactics``); without one there is no tactics loss."""
         self.net = net.to(device)
         self.cfg = cfg
         self.tactics = tactics if cfg.tactics_coef else None

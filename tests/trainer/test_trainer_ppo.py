@@ -84,9 +84,10 @@ def test_an_update_with_the_tactics_loss_raises_the_forced_moves_probability():
     assert with_tactics > before + 0.1 and without < before
 
 
-def test_the_tactics_loss_needs_a_game_with_a_forced_move_rule():
-    with pytest.raises(ValueError, match="forced-move rule"):
-        PPO(PolicyNet(32), PPOConfig(tactics_coef=1.0), torch.device("cpu"))
+def test_the_tactics_loss_applies_only_where_the_game_has_a_forced_move_rule():
+    batch = _batch(256, good_action=2, rng=np.random.default_rng(2))
+    without_rule = PPO(PolicyNet(32), PPOConfig(batch=256, minibatch=256), torch.device("cpu"))
+    assert "forced" not in without_rule.to_tensors(batch) and "tactics_loss" not in without_rule.update(batch)
     with pytest.raises(ValueError, match="tactics_coef"):
         PPOConfig(tactics_coef=-1.0)
 
