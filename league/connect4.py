@@ -222,6 +222,15 @@ def threat_cells(env: VecConnectFour, env_ids: np.ndarray, seat: np.ndarray) -> 
     return (threats[:, None, None] & _CELL_BITS[None]) != 0
 
 
+def forced_moves(planes: np.ndarray) -> np.ndarray:
+    """``(n, 7)`` bool, read off ``observation_planes``: the columns that win at once, else those that stop the
+    opponent's win at once (none in a quiet position). The moves a two-rule player never misses; a training
+    signal for what sparse rewards teach slowly (``PPOConfig.tactics_coef``)."""
+    playable = planes[:, 2] > 0
+    win = (playable & (planes[:, 3] > 0)).any(axis=1)
+    block = (playable & (planes[:, 4] > 0)).any(axis=1)
+    return np.where(win.any(axis=1, keepdims=True), win, block)
+
 
 def observation_planes(env: VecConnectFour, env_ids: np.ndarray) -> np.ndarray:
     """``(n, 5, 6, 7) float32`` input planes from the mover's view: own stones, opponent stones, playable

@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default: constant)")
     p.add_argument("--entropy-coef", type=float, default=d.ppo.entropy_coef,
                    help=f"PPO's entropy bonus (default {d.ppo.entropy_coef:g})")
+    p.add_argument("--tactics-coef", type=float, default=d.ppo.tactics_coef,
+                   help="weight of a loss towards the moves a position forces (win at once, else block the "
+                   f"opponent's win; Connect Four; default {d.ppo.tactics_coef:g}; 0: none)")
     p.add_argument("--seed", type=int, default=d.seed)
     return p.parse_args(argv)
 
@@ -89,7 +92,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         publish_every=args.publish_every, mirror=not args.no_mirror,
         opening_share=args.opening_share if connect4 else 0.0,
         ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs, entropy_coef=args.entropy_coef,
-                                lr_final=args.lr_final),
+                                lr_final=args.lr_final, tactics_coef=args.tactics_coef if connect4 else 0.0),
         league=dataclasses.replace(d.league, main_agents=args.main_agents, main_exploiters=args.main_exploiters,
                                    league_exploiters=args.league_exploiters, main_share=args.main_share,
                                    scripted=tuple(n for n in args.scripted.split(",") if n)

@@ -44,7 +44,8 @@ class LearnerShard:
         self.device = choose_device(ray.get_gpu_ids())
         self.store = policystore.connect()
         torch.manual_seed(seed)
-        self.ppo = PPO(get_game(game).net(hidden), ppo, self.device, seed)
+        rules = get_game(game)
+        self.ppo = PPO(rules.net(hidden), ppo, self.device, seed, tactics=rules.tactics)
         self.samples = 0
         self.buffer: list[dict[str, np.ndarray]] = []
         self.buffered = 0

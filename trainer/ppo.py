@@ -5,6 +5,7 @@ The advantages arrive with the batch: the rollout workers compute them with ``le
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ class PPOConfig:
     minibatch: int = 2048
     batch: int = 8192             # samples gathered before an update
     entropy_coef: float = 0.01
+    tactics_coef: float = 1.0     # weight of -log p(a forced move) where the game's rule names one (Game.tactics)
     value_coef: float = 0.5
     max_grad_norm: float = 0.5
 
@@ -37,9 +39,9 @@ class PPOConfig:
             raise ValueError(f"minibatch ({self.minibatch}) must not exceed batch ({self.batch})")
         if self.lr <= 0 or (self.lr_final is not None and self.lr_final < 0):
             raise ValueError(f"lr must be > 0 and lr_final >= 0, got {self.lr} and {self.lr_final}")
-        if min(self.entropy_coef, self.value_coef) < 0:
-            raise ValueError(f"entropy_coef and value_coef must be >= 0, got {self.entropy_coef} and "
-                             f"{self.value_coef}")
+        if min(self.entropy_coef, self.value_coef, self.tactics_coef) < 0:
+            raise ValueError(f"entropy_coef, value_coef and tactics_coef must be >= 0, got {self.entropy_coef}, "
+                             f"{self.value_coef} and {self.tactics_coef}")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError("gamma must lie in (0, 1] and gae_lambda in [0, 1]")
 
@@ -59,16 +61,34 @@ def ppo_loss(net: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOConfig) -> tup
     loss = pg_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
     with torch.no_grad():
         clipfrac = ((ratio - 1).abs() > cfg.clip).float().mean()
-    return loss, {"pg_loss": pg_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item(),
-                  "clipfrac": clipfrac.item()}
+    info = {"pg_loss": pg_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item(),
+            "clipfrac": clipfrac.item()}
+    if "forced" in mb:
+        tactics = tactics_loss(logp_all, mb["forced"])
+        loss = loss + cfg.tactics_coef * tactics
+        info["tactics_loss"] = tactics.item()
+    return loss, info
+
+
+def tactics_loss(logp_all: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+    """Mean -log of the probability given to the forced moves, over the positions that have some (0 if none):
+    a supervised nudge that PPO's sparse reward gives only after many lost games."""
+    has = forced.any(-1)
+    if not has.any():
+        return logp_all.new_zeros(())
+    chosen = logp_all[has].masked_fill(~forced[has], -torch.inf)
+    return -torch.logsumexp(chosen, dim=-1).mean()
 
 
 class PPO:
     """Owns the trainable net and its optimizer; ``update`` runs the PPO epochs over one batch."""
 
-    def __init__(self, net: nn.Module, cfg: PPOConfig, device: torch.device, seed: int = 0):
+    def __init__(self, net: nn.Module, cfg: PPOConfig, device: torch.device, seed: int = 0,
+                 tactics: Callable[[np.ndarray], np.ndarray] | None = None):
+        """``tactics``: the game's forced-move rule (``Game.tactics``); without one there is no tactics loss."""
         self.net = net.to(device)
         self.cfg = cfg
+        self.tactics = tactics if cfg.tactics_coef else None
         self.device = device
         self.opt = self.new_optimizer()
         self.rng = np.random.default_rng(seed)
@@ -86,9 +106,12 @@ class PPO:
             group["lr"] = self.cfg.lr + (self.cfg.lr_final - self.cfg.lr) * p
 
     def to_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        dtypes = {"planes": torch.float32, "legal": torch.bool, "actions": torch.int64}
-        return {k: torch.as_tensor(batch[k]).to(self.device, dtypes.get(k, torch.float32))
-                for k in BATCH_KEYS}
+        """The batch on the device; with ``forced`` (the game's forced moves) when the tactics loss is on."""
+        dtypes = {"planes": torch.float32, "legal": torch.bool, "actions": torch.int64, "forced": torch.bool}
+        arrays = {k: batch[k] for k in BATCH_KEYS}
+        if self.tactics is not None:
+            arrays["forced"] = self.tactics(batch["planes"]) & batch["legal"]
+        return {k: torch.as_tensor(v).to(self.device, dtypes.get(k, torch.float32)) for k, v in arrays.items()}
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         data = self.to_tensors(batch)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from league.connect4 import COLS, NUM_PLANES, ROWS
+from league.connect4 import COLS, NUM_PLANES, ROWS, forced_moves
 from league.model import PolicyNet, masked_logits
 from trainer.checkpoint import has_learner, load_learner, save_learner
-from trainer.ppo import PPO, PPOConfig, ppo_loss
+from trainer.ppo import PPO, PPOConfig, ppo_loss, tactics_loss
 
 
 def _batch(n: int, good_action: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -41,6 +41,55 @@ def test_ppo_update_raises_the_probability_of_advantaged_actions():
     # After the update the new policy has moved away from the behaviour policy: some ratios are clipped.
     loss, info = ppo_loss(ppo.net, {k: v[:256] for k, v in tensors.items()}, cfg)
     assert torch.isfinite(loss) and 0.0 < info["clipfrac"] <= 1.0
+
+
+def test_the_tactics_loss_is_minus_log_the_forced_moves_probability_where_there_are_some():
+    logp = torch.log_softmax(torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0], [3.0, 1.0, 1.0]]), -1)
+    forced = torch.tensor([[True, False, True], [False, False, False], [False, True, False]])
+    expected = -(torch.log(logp[0].exp()[[0, 2]].sum()) + logp[2, 1]) / 2  # the quiet middle row does not count
+    assert tactics_loss(logp, forced).item() == pytest.approx(expected.item())
+    assert tactics_loss(logp, torch.zeros_like(forced)).item() == 0.0
+
+
+def test_an_update_with_the_tactics_loss_raises_the_forced_moves_probability():
+    """Advantages that favour column 2 everywhere; where a position forces another column, the tactics loss wins
+    that column ground, and without it that column loses ground."""
+    rng = np.random.default_rng(1)
+    batch = _batch(1024, good_action=2, rng=rng)
+    planes = batch["planes"]
+    planes[:, 3:] = False
+    planes[:, 2] = False
+    planes[:, 2, ROWS - 1] = True  # the bottom row is playable
+    planes[: 512, 3, ROWS - 1, 4] = True  # in half the positions column 4 wins at once
+    assert forced_moves(planes)[:512, 4].all() and not forced_moves(planes)[512:].any()
+
+    def forced_prob(coef: float) -> tuple[float, float]:
+        torch.manual_seed(0)
+        ppo = PPO(PolicyNet(32), PPOConfig(batch=1024, minibatch=256, epochs=4, lr=3e-3, tactics_coef=coef),
+                  torch.device("cpu"), tactics=forced_moves)
+        tensors = ppo.to_tensors(batch)
+
+        def prob() -> float:
+            with torch.no_grad():
+                logits, _ = ppo.net(tensors["planes"][:512])
+                return torch.softmax(masked_logits(logits, tensors["legal"][:512]), -1)[:, 4].mean().item()
+
+        before = prob()
+        stats = ppo.update(batch)
+        assert ("tactics_loss" in stats) == (coef > 0)
+        return before, prob()
+
+    before, with_tactics = forced_prob(2.0)
+    _, without = forced_prob(0.0)
+    assert with_tactics > before + 0.1 and without < before
+
+
+def test_the_tactics_loss_applies_only_where_the_game_has_a_forced_move_rule():
+    batch = _batch(256, good_action=2, rng=np.random.default_rng(2))
+    without_rule = PPO(PolicyNet(32), PPOConfig(batch=256, minibatch=256), torch.device("cpu"))
+    assert "forced" not in without_rule.to_tensors(batch) and "tactics_loss" not in without_rule.update(batch)
+    with pytest.raises(ValueError, match="tactics_coef"):
+        PPOConfig(tactics_coef=-1.0)
 
 
 def test_ppo_config_rejects_minibatch_larger_than_batch():
