@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from policystore.errors import brief
 from policystore.memory import MiB  # noqa: F401  (re-exported: benchmarks take their units from here)
 
 START_ATTEMPTS = 2  # ray.init times out now and then when other jobs saturate the machine
@@ -250,7 +251,7 @@ def ray_session(object_store_bytes: int, num_cpus: int | None = None) -> Iterato
                 ray.shutdown()
                 if attempt == START_ATTEMPTS:
                     raise
-                log.warning("Ray did not start (%s); retrying", str(exc).splitlines()[0])
+                log.warning("Ray did not start (%s); retrying", brief(exc))
         yield spill
     finally:
         ray.shutdown()
