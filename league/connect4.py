@@ -207,8 +207,8 @@ def _lines() -> np.ndarray:
 
 
 _LINES = _lines()
-# _CELL_BITS[r, c]: the bit of board cell (r, c), row 0 the top row.
-_CELL_BITS = COL_BIT[:, :ROWS][:, ::-1].T.copy()
+# CELL_BITS[r, c]: the bit of board cell (r, c), row 0 the top row.
+CELL_BITS = COL_BIT[:, :ROWS][:, ::-1].T.copy()
 
 
 def threat_cells(env: VecConnectFour, env_ids: np.ndarray, seat: np.ndarray) -> np.ndarray:
@@ -219,17 +219,7 @@ def threat_cells(env: VecConnectFour, env_ids: np.ndarray, seat: np.ndarray) -> 
     fourth = _LINES & ~stones                                   # per window: the cells not ours
     open_three = (np.bitwise_count(stones & _LINES) == 3) & ((fourth & occupied) == 0)
     threats = np.bitwise_or.reduce(np.where(open_three, fourth, np.uint64(0)), axis=1)
-    return (threats[:, None, None] & _CELL_BITS[None]) != 0
-
-
-def forced_moves(planes: np.ndarray) -> np.ndarray:
-    """``(n, 7)`` bool, read off ``observation_planes``: the columns that win at once, else those that stop the
-    opponent's win at once (none in a quiet position). The moves a two-rule player never misses; a training
-    signal for what sparse rewards teach slowly (``PPOConfig.tactics_coef``)."""
-    playable = planes[:, 2] > 0
-    win = (playable & (planes[:, 3] > 0)).any(axis=1)
-    block = (playable & (planes[:, 4] > 0)).any(axis=1)
-    return np.where(win.any(axis=1, keepdims=True), win, block)
+    return (threats[:, None, None] & CELL_BITS[None]) != 0
 
 
 def observation_planes(env: VecConnectFour, env_ids: np.ndarray) -> np.ndarray:

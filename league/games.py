@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from league.baselines import random_opening
-from league.connect4 import COLS, NUM_PLANES, ROWS, VecConnectFour, forced_moves
+from league.connect4 import COLS, NUM_PLANES, ROWS, VecConnectFour
 from league.pettingzoo_adapter import PETTINGZOO_PREFIX, pettingzoo_game
+from league.tactics import forced_moves
 from league.vecgame import Game
 
 CONNECT4 = Game("connect4", VecConnectFour, (NUM_PLANES, ROWS, COLS), COLS, ("random", "winblock", "safe"),

@@ -46,8 +46,9 @@ class Game:
     # (env, lengths, rng) -> None: plays lengths[i] random moves in game i and leaves every game running; rollouts
     # start a share of their games there, to meet positions the league's own openings never reach (None: no such).
     opening: Callable[[VecGame, np.ndarray, np.random.Generator], None] | None = None
-    # planes (n, *plane_shape) -> (n, num_actions) bool: the moves a position forces (win at once, else block),
-    # none in a quiet one; learners may add a loss towards them (PPOConfig.tactics_coef). None: no such rule.
+    # planes (n, *plane_shape) -> (n, num_actions) bool: the moves a short look-ahead proves right (for Connect
+    # Four: league.tactics), none where it proves nothing; learners add a loss towards them
+    # (PPOConfig.tactics_coef). None: no such rule.
     tactics: Callable[[np.ndarray], np.ndarray] | None = None
 
     def net(self, hidden: int) -> PolicyNet:

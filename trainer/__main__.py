@@ -74,8 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--entropy-coef", type=float, default=d.ppo.entropy_coef,
                    help=f"PPO's entropy bonus (default {d.ppo.entropy_coef:g})")
     p.add_argument("--tactics-coef", type=float, default=d.ppo.tactics_coef,
-                   help="weight of a loss towards the moves a position forces (win at once, else block the "
-                   f"opponent's win; Connect Four; default {d.ppo.tactics_coef:g}; 0: none)")
+                   help="weight of a loss towards the moves a short look-ahead proves right (win at once, else block, "
+                   "else make a double threat, else avoid the moves that let the opponent make one; Connect "
+                   f"Four; default {d.ppo.tactics_coef:g}; 0: none)")
     p.add_argument("--seed", type=int, default=d.seed)
     return p.parse_args(argv)
 

@@ -28,7 +28,7 @@ class PPOConfig:
     minibatch: int = 2048
     batch: int = 8192             # samples gathered before an update
     entropy_coef: float = 0.01
-    tactics_coef: float = 1.0     # weight of -log p(a forced move) where the game's rule names one (Game.tactics)
+    tactics_coef: float = 1.0     # weight of -log p(the named moves) where the game's rule names some (Game.tactics)
     value_coef: float = 0.5
     max_grad_norm: float = 0.5
 

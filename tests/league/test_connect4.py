@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from league.baselines import random_opening, random_player, safe_player, win_block_player, winning_columns
-from league.connect4 import COLS, ROWS, VecConnectFour, canonical, forced_moves, is_win, observation_planes
+from league.connect4 import COLS, ROWS, VecConnectFour, canonical, is_win
 
 
 def play(env: VecConnectFour, columns: list[int], game: int = 0):
@@ -132,22 +132,6 @@ def test_win_block_player_takes_wins_then_blocks():
     assert acts[1] == 6                      # player 1 blocks it
     play(env, [5], game=0)                   # player 2 does not block in game 0...
     assert win_block_player(env, np.array([0]), rng)[0] == 0  # player 1 to move wins at column 0
-
-
-def test_forced_moves_read_off_the_planes_are_the_wins_else_the_blocks():
-    """On positions from random play: the columns that win at once for the mover, else the ones that stop the
-    opponent's win at once, else none, as the bitboard rules say."""
-    env = VecConnectFour(3000)
-    rng = np.random.default_rng(4)
-    random_opening(env, rng.integers(5, 30, env.num_envs), rng)
-    ids = np.flatnonzero(~env.done)
-    me = (env.to_move[ids] - 1).astype(np.int64)
-    win, block = winning_columns(env, ids, me), winning_columns(env, ids, 1 - me)
-    forced = forced_moves(observation_planes(env, ids))
-    expected = np.where(win.any(axis=1)[:, None], win, block)
-    assert (forced == expected).all()
-    assert win.any(axis=1).sum() > 100 and (block.any(axis=1) & ~win.any(axis=1)).sum() > 100  # both kinds met
-    assert (~forced.any(axis=1)).sum() > 100  # and quiet positions
 
 
 def test_the_safe_player_never_opens_a_cell_where_the_opponent_wins_but_still_wins_and_blocks():
