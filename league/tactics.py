@@ -16,38 +16,16 @@ from __future__ import annotations
 import numpy as np
 
 from league.connect4 import CELL_BITS, COL_BIT, ROWS
+from league.solver import playable, winning_cells  # plain-int bit tricks that work on uint64 arrays as-is
 
-_BOTTOM = np.bitwise_or.reduce(COL_BIT[:, 0])
-_BOARD = np.bitwise_or.reduce(COL_BIT[:, :ROWS].ravel())
 _COLUMN = np.bitwise_or.reduce(COL_BIT[:, :ROWS], axis=1)  # (7,) each column's six cells
-_ONE = np.uint64(1)
-_H1 = ROWS + 1
-
-
-def lines(stones: np.ndarray) -> np.ndarray:
-    """Cells where one more stone would give ``stones`` four in a row (uint64, any shape), occupied or off the
-    board included: mask with the empty cells (``_BOARD ^ mask``) before counting them."""
-    r = (stones << _ONE) & (stones << np.uint64(2)) & (stones << np.uint64(3))  # vertical: three below
-    for s in (np.uint64(_H1), np.uint64(_H1 - 1), np.uint64(_H1 + 1)):  # horizontal and the two diagonals
-        p = (stones << s) & (stones << (s + s))
-        r |= p & (stones << (s + s + s))
-        r |= p & (stones >> s)
-        p = (stones >> s) & (stones >> (s + s))
-        r |= p & (stones << s)
-        r |= p & (stones >> (s + s + s))
-    return r
-
-
-def playable(mask: np.ndarray) -> np.ndarray:
-    """The cell a stone dropped in each open column lands on, one bit per column."""
-    return (mask + _BOTTOM) & _BOARD
 
 
 def has_won(threats: np.ndarray, landing: np.ndarray) -> np.ndarray:
     """Whether the side whose winning cells are ``threats`` wins next move against any defence, the opponent
     moving first and unable to win at once: two playable threats, or a playable one under another."""
     open_threats = threats & landing
-    return (np.bitwise_count(open_threats) >= 2) | (((open_threats << _ONE) & threats) != 0)
+    return (np.bitwise_count(open_threats) >= 2) | (((open_threats << 1) & threats) != 0)
 
 
 def bitboards(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,14 +42,14 @@ def forced_moves(planes: np.ndarray) -> np.ndarray:
     mask = own | opp
     moves = playable(mask)[:, None] & _COLUMN[None, :]  # (n, 7): where a stone in each column lands
     legal = moves != 0
-    my_lines, their_lines = lines(own)[:, None], lines(opp)[:, None]
-    win, block = (my_lines & moves) != 0, (their_lines & moves) != 0
-    # One ply on: after each of my moves, the opponent to move.
+    my_threats, their_threats = winning_cells(own, mask)[:, None], winning_cells(opp, mask)[:, None]
+    win, block = (my_threats & moves) != 0, (their_threats & moves) != 0
+    # One ply on: after each of my moves, the opponent to move (the cells they can reach were empty before it).
     mine, mask2 = own[:, None] | moves, mask[:, None] | moves
     landing2 = playable(mask2)
-    gives = legal & ((their_lines & landing2) != 0)
-    mine_lines = lines(mine)
-    double = legal & ~gives & has_won(mine_lines & (_BOARD ^ mask2), landing2)
+    gives = legal & ((their_threats & landing2) != 0)
+    mine_threats = winning_cells(mine, mask2)
+    double = legal & ~gives & has_won(mine_threats, landing2)
     # Two plies on, where no rule above applies: after each opponent reply, me to move, unable to win at once
     # and facing their double threat.
     named = np.zeros_like(legal)
@@ -79,8 +57,8 @@ def forced_moves(planes: np.ndarray) -> np.ndarray:
     replies = landing2[deep][:, :, None] & _COLUMN[None, None, :]  # (k, 7, 7)
     mask3 = mask2[deep][:, :, None] | replies
     landing3 = playable(mask3)
-    can_answer = (mine_lines[deep][:, :, None] & landing3) != 0
-    theirs = lines(opp[deep][:, None, None] | replies) & (_BOARD ^ mask3)
+    can_answer = (mine_threats[deep][:, :, None] & landing3) != 0
+    theirs = winning_cells(opp[deep][:, None, None] | replies, mask3)
     trapped = ((replies != 0) & ~can_answer & has_won(theirs, landing3)).any(axis=-1)
     loses = legal[deep] & (gives[deep] | trapped)
     keeps = legal[deep] & ~loses
