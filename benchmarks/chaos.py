@@ -429,7 +429,9 @@ class Chaos:
         time.sleep(self.args.warmup_s)
         schedule = list(FAULTS)
         self.rng.shuffle(schedule)  # every kind at least once, then at random
-        while time.time() < until - 5:
+        # A slow machine may land fewer faults in a short window than it should: go on until --min-faults have landed
+        # (past the loops' end at worst, when the read-back after the run still has to find everything).
+        while time.time() < until - 5 or (len(self.faults) < self.args.min_faults and time.time() < until + 120):
             kind = schedule.pop(0) if schedule else self.rng.choice(FAULTS)
             log.info("injecting %s", kind)
             try:
@@ -619,11 +621,14 @@ def main() -> None:
                         help="about one non-durable publish in this many is deleted at once")
     parser.add_argument("--read-gap-ms", type=float, default=200.0, help="pause between a reader's reads")
     parser.add_argument("--fault-every-s", type=float, default=8.0, help="mean time between faults")
+    parser.add_argument("--min-faults", type=int, default=0,
+                        help="keep injecting past the end (up to 2 minutes) until this many faults have landed")
     parser.add_argument("--tensor-kib", type=int, default=256, help="snapshot size (above Ray's inline limit)")
     parser.add_argument("--store-mib", type=int, default=256, help="object store per node")
     args = parser.parse_args()
     if args.quick:
         args.minutes, args.procs, args.fault_every_s, args.read_gap_ms = 0.35, 2, 2.5, 250.0
+        args.min_faults = max(args.min_faults, 4)
     args.warmup_s = 5.0
     harness.setup_logging(args.verbose)
     # Ray workers import this code as the driver does (the nodes' processes inherit the environment)
