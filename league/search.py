@@ -63,11 +63,13 @@ class _Forest:
         return value.cpu().numpy().astype(np.float32)
 
     def simulate(self) -> None:
-        """One simulation in every tree: select to a leaf, expand it, back the value up the path."""
+        """One simulation in every tree: select to a leaf, expand it, back the value up the path. The new leaves
+        of all trees are made and evaluated together once every descent has ended (one forward pass)."""
         trees = np.arange(self.n)
         node = np.zeros(self.n, np.int64)
         path_nodes, path_moves, path_trees = [], [], []
         leaf_value = np.zeros(self.n, np.float32)
+        new_trees, new_parents, new_moves = [], [], []
         active = trees
         while active.size:
             cur = node[active]
@@ -80,24 +82,26 @@ class _Forest:
             path_moves.append(move)
             nxt = self.child[active, cur, move]
             new = nxt < 0
-            if new.any():  # expand: the child's state is the parent's plus the move
-                t, parent, m = active[new], cur[new], move[new]
-                slot = self.used[t]
-                self.used[t] += 1
-                self._copy(self._row(t, parent), self._row(t, slot))
-                done, winner = self.pool.step(m, self._row(t, slot))
-                self.child[t, parent, m] = slot
-                self.terminal_value[t[done], slot[done]] = np.where(winner[done] != 0, -1.0, 0.0)
-                open_ = ~done
-                if open_.any():
-                    leaf_value[t[open_]] = self._expand(t[open_], slot[open_])
-                leaf_value[t[done]] = self.terminal_value[t[done], slot[done]]
+            new_trees.append(active[new])
+            new_parents.append(cur[new])
+            new_moves.append(move[new])
             old = ~new
             reached = np.zeros_like(old)
             reached[old] = ~np.isnan(self.terminal_value[active[old], nxt[old]])
             leaf_value[active[reached]] = self.terminal_value[active[reached], nxt[reached]]
             node[active] = np.where(new, 0, nxt)
             active = active[old & ~reached]
+        t, parent, m = np.concatenate(new_trees), np.concatenate(new_parents), np.concatenate(new_moves)
+        if t.size:  # expand: each new child's state is its parent's plus the move
+            slot = self.used[t]
+            self.used[t] += 1
+            self._copy(self._row(t, parent), self._row(t, slot))
+            done, winner = self.pool.step(m, self._row(t, slot))
+            self.child[t, parent, m] = slot
+            self.terminal_value[t[done], slot[done]] = np.where(winner[done] != 0, -1.0, 0.0)
+            leaf_value[t[done]] = self.terminal_value[t[done], slot[done]]
+            if (~done).any():
+                leaf_value[t[~done]] = self._expand(t[~done], slot[~done])
         # Back up: an edge at depth d scores the leaf's value from the view of the mover at depth d, which is the
         # leaf's mover when the leaf lies an even number of moves below.
         length = np.zeros(self.n, np.int64)
