@@ -187,6 +187,14 @@ class VecConnectFour:
         return env
 
 
+def games_from_planes(planes: np.ndarray) -> VecConnectFour:
+    """The games whose ``observation_planes`` these are (channel 0 the mover's stones, 1 the opponent's; player 1
+    is to move when the counts are equal)."""
+    own, opp = planes[:, 0] > 0, planes[:, 1] > 0
+    mover = np.where(own.sum(axis=(1, 2)) == opp.sum(axis=(1, 2)), 1, 2).astype(np.int8)[:, None, None]
+    return VecConnectFour.from_boards(np.where(own, mover, np.where(opp, 3 - mover, 0)).astype(np.int8), mover[:, 0, 0])
+
+
 def canonical(boards: np.ndarray, to_move: np.ndarray) -> np.ndarray:
     """``(n, 2, 6, 7) float32`` planes: the mover's stones, then the opponent's (one net plays both seats)."""
     own = boards == to_move[:, None, None]

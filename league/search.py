@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from league.connect4 import COLS, VecConnectFour, observation_planes
+from league.connect4 import COLS, VecConnectFour, games_from_planes, observation_planes
 from league.model import masked_logits
 
 C_PUCT = 1.5  # exploration weight of the prior (AlphaZero's range: 1 to 2.5)
@@ -26,6 +26,7 @@ class _Forest:
     def __init__(self, net: nn.Module, env: VecConnectFour, env_ids: np.ndarray, simulations: int,
                  root_mask: np.ndarray | None):
         self.net = net
+        self.device = next(net.parameters()).device  # a learner's net may sit on a GPU
         self.n = len(env_ids)
         self.capacity = simulations + 1  # each simulation adds at most one node
         shape = (self.n, self.capacity, COLS)
@@ -55,18 +56,20 @@ class _Forest:
         """Prior and legal moves of new non-terminal nodes; returns the net's value for the mover there."""
         rows = self._row(trees, nodes)
         legal = self.pool.legal_mask(rows)
-        logits, value = self.net(torch.from_numpy(observation_planes(self.pool, rows)))
-        prior = torch.softmax(masked_logits(logits, torch.from_numpy(legal)), dim=-1)
-        self.prior[trees, nodes] = prior.numpy()
+        logits, value = self.net(torch.from_numpy(observation_planes(self.pool, rows)).to(self.device))
+        prior = torch.softmax(masked_logits(logits, torch.from_numpy(legal).to(self.device)), dim=-1)
+        self.prior[trees, nodes] = prior.cpu().numpy()
         self.legal[trees, nodes] = legal
-        return value.numpy().astype(np.float32)
+        return value.cpu().numpy().astype(np.float32)
 
     def simulate(self) -> None:
-        """One simulation in every tree: select to a leaf, expand it, back the value up the path."""
+        """One simulation in every tree: select to a leaf, expand it, back the value up the path. The new leaves
+        of all trees are made and evaluated together once every descent has ended (one forward pass)."""
         trees = np.arange(self.n)
         node = np.zeros(self.n, np.int64)
         path_nodes, path_moves, path_trees = [], [], []
         leaf_value = np.zeros(self.n, np.float32)
+        new_trees, new_parents, new_moves = [], [], []
         active = trees
         while active.size:
             cur = node[active]
@@ -79,24 +82,26 @@ class _Forest:
             path_moves.append(move)
             nxt = self.child[active, cur, move]
             new = nxt < 0
-            if new.any():  # expand: the child's state is the parent's plus the move
-                t, parent, m = active[new], cur[new], move[new]
-                slot = self.used[t]
-                self.used[t] += 1
-                self._copy(self._row(t, parent), self._row(t, slot))
-                done, winner = self.pool.step(m, self._row(t, slot))
-                self.child[t, parent, m] = slot
-                self.terminal_value[t[done], slot[done]] = np.where(winner[done] != 0, -1.0, 0.0)
-                open_ = ~done
-                if open_.any():
-                    leaf_value[t[open_]] = self._expand(t[open_], slot[open_])
-                leaf_value[t[done]] = self.terminal_value[t[done], slot[done]]
+            new_trees.append(active[new])
+            new_parents.append(cur[new])
+            new_moves.append(move[new])
             old = ~new
             reached = np.zeros_like(old)
             reached[old] = ~np.isnan(self.terminal_value[active[old], nxt[old]])
             leaf_value[active[reached]] = self.terminal_value[active[reached], nxt[reached]]
             node[active] = np.where(new, 0, nxt)
             active = active[old & ~reached]
+        t, parent, m = np.concatenate(new_trees), np.concatenate(new_parents), np.concatenate(new_moves)
+        if t.size:  # expand: each new child's state is its parent's plus the move
+            slot = self.used[t]
+            self.used[t] += 1
+            self._copy(self._row(t, parent), self._row(t, slot))
+            done, winner = self.pool.step(m, self._row(t, slot))
+            self.child[t, parent, m] = slot
+            self.terminal_value[t[done], slot[done]] = np.where(winner[done] != 0, -1.0, 0.0)
+            leaf_value[t[done]] = self.terminal_value[t[done], slot[done]]
+            if (~done).any():
+                leaf_value[t[~done]] = self._expand(t[~done], slot[~done])
         # Back up: an edge at depth d scores the leaf's value from the view of the mover at depth d, which is the
         # leaf's mover when the leaf lies an even number of moves below.
         length = np.zeros(self.n, np.int64)
@@ -136,3 +141,12 @@ def best_moves(net: nn.Module, env: VecConnectFour, env_ids: np.ndarray, simulat
     forest = _forest(net, env, env_ids, simulations, root_mask)
     score = forest.visits[:, 0] + 0.5 * forest.prior[:, 0]  # priors < 1 only break ties between visit counts
     return np.where(forest.legal[:, 0], score, -np.inf).argmax(axis=1)
+
+
+def visit_targets(net: nn.Module, planes: np.ndarray, simulations: int) -> np.ndarray:
+    """``(n, 7)`` float32: each position's root visit shares after a ``simulations``-simulation search, the
+    policy target of AlphaZero's training (a search over the net's own prior and value is a better policy than
+    the net alone; the net learns towards it)."""
+    env = games_from_planes(planes)
+    visits = root_visits(net, env, np.arange(len(planes)), simulations)
+    return visits / visits.sum(axis=1, keepdims=True)

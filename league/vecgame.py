@@ -50,6 +50,10 @@ class Game:
     # Four: league.tactics), none where it proves nothing; learners add a loss towards them
     # (PPOConfig.tactics_coef). None: no such rule.
     tactics: Callable[[np.ndarray], np.ndarray] | None = None
+    # (net, planes, simulations) -> (n, num_actions) float: the visit shares of a tree search from each position
+    # with the net as prior and value (league.search); learners may add a loss towards them
+    # (PPOConfig.search_coef). None: the game has no search.
+    search: Callable[[Any, np.ndarray, int], np.ndarray] | None = None
 
     def net(self, hidden: int) -> PolicyNet:
         return PolicyNet(hidden, self.plane_shape, self.num_actions)

@@ -77,6 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="weight of a loss towards the moves a short look-ahead proves right (win at once, else block, "
                    "else make a double threat, else avoid the moves that let the opponent make one; Connect "
                    f"Four; default {d.ppo.tactics_coef:g}; 0: none)")
+    p.add_argument("--search-coef", type=float, default=d.ppo.search_coef,
+                   help="weight of a loss towards a tree search's visit shares (the net as prior and value) on "
+                   f"some positions of each batch (Connect Four; default {d.ppo.search_coef:g}; 0: none)")
+    p.add_argument("--search-positions", type=int, default=d.ppo.search_positions,
+                   help=f"positions of each batch searched for that loss (default {d.ppo.search_positions})")
+    p.add_argument("--search-sims", type=int, default=d.ppo.search_sims,
+                   help=f"simulations per searched position (default {d.ppo.search_sims})")
     p.add_argument("--seed", type=int, default=d.seed)
     return p.parse_args(argv)
 
@@ -93,7 +100,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         publish_every=args.publish_every, mirror=not args.no_mirror,
         opening_share=args.opening_share if connect4 else 0.0,
         ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs, entropy_coef=args.entropy_coef,
-                                lr_final=args.lr_final, tactics_coef=args.tactics_coef if connect4 else 0.0),
+                                lr_final=args.lr_final, tactics_coef=args.tactics_coef if connect4 else 0.0,
+                                search_coef=args.search_coef if connect4 else 0.0,
+                                search_positions=args.search_positions, search_sims=args.search_sims),
         league=dataclasses.replace(d.league, main_agents=args.main_agents, main_exploiters=args.main_exploiters,
                                    league_exploiters=args.league_exploiters, main_share=args.main_share,
                                    scripted=tuple(n for n in args.scripted.split(",") if n)

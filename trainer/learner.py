@@ -45,7 +45,7 @@ class LearnerShard:
         self.store = policystore.connect()
         torch.manual_seed(seed)
         rules = get_game(game)
-        self.ppo = PPO(rules.net(hidden), ppo, self.device, seed, tactics=rules.tactics)
+        self.ppo = PPO(rules.net(hidden), ppo, self.device, seed, tactics=rules.tactics, search=rules.search)
         self.samples = 0
         self.buffer: list[dict[str, np.ndarray]] = []
         self.buffered = 0

@@ -29,6 +29,9 @@ class PPOConfig:
     batch: int = 8192             # samples gathered before an update
     entropy_coef: float = 0.01
     tactics_coef: float = 1.0     # weight of -log p(the named moves) where the game's rule names some (Game.tactics)
+    search_coef: float = 0.0      # weight of the cross-entropy to a tree search's visit shares (Game.search)
+    search_positions: int = 512   # positions of each batch searched for that target
+    search_sims: int = 16         # simulations per searched position
     value_coef: float = 0.5
     max_grad_norm: float = 0.5
 
@@ -39,9 +42,12 @@ class PPOConfig:
             raise ValueError(f"minibatch ({self.minibatch}) must not exceed batch ({self.batch})")
         if self.lr <= 0 or (self.lr_final is not None and self.lr_final < 0):
             raise ValueError(f"lr must be > 0 and lr_final >= 0, got {self.lr} and {self.lr_final}")
-        if min(self.entropy_coef, self.value_coef, self.tactics_coef) < 0:
-            raise ValueError(f"entropy_coef, value_coef and tactics_coef must be >= 0, got {self.entropy_coef}, "
-                             f"{self.value_coef} and {self.tactics_coef}")
+        if min(self.entropy_coef, self.value_coef, self.tactics_coef, self.search_coef) < 0:
+            raise ValueError(f"entropy_coef, value_coef, tactics_coef and search_coef must be >= 0, got "
+                             f"{self.entropy_coef}, {self.value_coef}, {self.tactics_coef} and {self.search_coef}")
+        if min(self.search_positions, self.search_sims) < 1:
+            raise ValueError(f"search_positions and search_sims must be >= 1, got {self.search_positions} and "
+                             f"{self.search_sims}")
         if not (0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
             raise ValueError("gamma must lie in (0, 1] and gae_lambda in [0, 1]")
 
@@ -67,6 +73,10 @@ def ppo_loss(net: nn.Module, mb: dict[str, torch.Tensor], cfg: PPOConfig) -> tup
         tactics = tactics_loss(logp_all, mb["forced"])
         loss = loss + cfg.tactics_coef * tactics
         info["tactics_loss"] = tactics.item()
+    if "search_pi" in mb:
+        search = search_loss(logp_all, mb["search_pi"])
+        loss = loss + cfg.search_coef * search
+        info["search_loss"] = search.item()
     return loss, info
 
 
@@ -80,15 +90,28 @@ def tactics_loss(logp_all: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
     return -torch.logsumexp(chosen, dim=-1).mean()
 
 
+def search_loss(logp_all: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy to the search's visit shares over the positions that were searched (rows of ``pi`` that
+    sum to 1; the others are 0), as AlphaZero's policy loss: 0 if none in this minibatch."""
+    searched = pi.sum(-1) > 0
+    if not searched.any():
+        return logp_all.new_zeros(())
+    logp = torch.where(pi[searched] > 0, logp_all[searched], torch.zeros_like(logp_all[searched]))
+    return -(pi[searched] * logp).sum(-1).mean()
+
+
 class PPO:
     """Owns the trainable net and its optimizer; ``update`` runs the PPO epochs over one batch."""
 
     def __init__(self, net: nn.Module, cfg: PPOConfig, device: torch.device, seed: int = 0,
-                 tactics: Callable[[np.ndarray], np.ndarray] | None = None):
-        """``tactics``: the game's forced-move rule (``Game.tactics``); without one there is no tactics loss."""
+                 tactics: Callable[[np.ndarray], np.ndarray] | None = None,
+                 search: Callable[[nn.Module, np.ndarray, int], np.ndarray] | None = None):
+        """``tactics``: the game's forced-move rule (``Game.tactics``); ``search``: its tree search's visit shares
+        (``Game.search``). Without one, there is no tactics (search) loss."""
         self.net = net.to(device)
         self.cfg = cfg
         self.tactics = tactics if cfg.tactics_coef else None
+        self.search = search if cfg.search_coef else None
         self.device = device
         self.opt = self.new_optimizer()
         self.rng = np.random.default_rng(seed)
@@ -106,11 +129,19 @@ class PPO:
             group["lr"] = self.cfg.lr + (self.cfg.lr_final - self.cfg.lr) * p
 
     def to_tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """The batch on the device; with ``forced`` (the game's forced moves) when the tactics loss is on."""
+        """The batch on the device; with ``forced`` (the game's forced moves) when the tactics loss is on, and
+        ``search_pi`` (visit shares for ``search_positions`` random positions, zero rows elsewhere) when the
+        search loss is."""
         dtypes = {"planes": torch.float32, "legal": torch.bool, "actions": torch.int64, "forced": torch.bool}
         arrays = {k: batch[k] for k in BATCH_KEYS}
         if self.tactics is not None:
             arrays["forced"] = self.tactics(batch["planes"]) & batch["legal"]
+        if self.search is not None:
+            n = len(batch["actions"])
+            chosen = self.rng.choice(n, min(n, self.cfg.search_positions), replace=False)
+            pi = np.zeros(batch["legal"].shape, np.float32)
+            pi[chosen] = self.search(self.net, batch["planes"][chosen], self.cfg.search_sims)
+            arrays["search_pi"] = pi
         return {k: torch.as_tensor(v).to(self.device, dtypes.get(k, torch.float32)) for k, v in arrays.items()}
 
     def update(self, batch: dict[str, np.ndarray]) -> dict[str, float]:

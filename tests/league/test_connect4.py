@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from league.baselines import random_opening, random_player, safe_player, win_block_player, winning_columns
-from league.connect4 import COLS, ROWS, VecConnectFour, canonical, is_win
+from league.connect4 import COLS, ROWS, VecConnectFour, canonical, games_from_planes, is_win, observation_planes
 
 
 def play(env: VecConnectFour, columns: list[int], game: int = 0):
@@ -111,6 +111,21 @@ def test_from_boards_round_trips_and_validates():
         VecConnectFour.from_boards(np.zeros((ROWS, COLS), np.int8), to_move=2)
     with pytest.raises(ValueError, match="shape"):
         VecConnectFour.from_boards(np.zeros((7, 6), np.int8))
+
+
+def test_games_come_back_from_their_input_planes_with_the_right_player_to_move():
+    rng = np.random.default_rng(3)
+    env = VecConnectFour(400)
+    lengths = rng.integers(0, 21, 400)
+    for k in range(20):  # random games of every length up to 20 moves; finished ones stay as they are
+        live = np.flatnonzero(~env.done & (lengths > k))
+        legal = env.legal_mask(live)
+        env.step(np.array([rng.choice(np.flatnonzero(row)) for row in legal], dtype=np.int64), live)
+    running = np.flatnonzero(~env.done)
+    rebuilt = games_from_planes(observation_planes(env, running))
+    assert len(set(env.moves[running].tolist())) > 10 and set(env.to_move[running].tolist()) == {1, 2}
+    for name in ("boards", "bits", "heights", "to_move", "moves"):
+        np.testing.assert_array_equal(getattr(rebuilt, name), getattr(env, name)[running], err_msg=name)
 
 
 def test_canonical_planes_are_from_the_movers_view():

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from league.connect4 import COLS, ROWS, VecConnectFour
+from league.connect4 import COLS, ROWS, VecConnectFour, observation_planes
 from league.model import PolicyNet
-from league.search import best_moves, root_visits
+from league.search import best_moves, root_visits, visit_targets
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +65,27 @@ def test_rejects_bad_arguments(blank_net):
         best_moves(blank_net, env, [0], 8)
     with pytest.raises(ValueError, match="simulations"):
         best_moves(blank_net, VecConnectFour(1), [0], 0)
+
+
+def test_visit_targets_are_the_searchs_shares_read_from_the_nets_input_planes(blank_net):
+    """The learner has only a batch's planes: the targets rebuild each game from them and search it."""
+    win = game({(5, 0): 1, (5, 1): 1, (5, 2): 1, (5, 4): 2, (5, 5): 2, (4, 0): 2})
+    block = game({(5, 4): 1, (5, 5): 1, (5, 6): 1, (5, 0): 2, (4, 0): 2})  # player 2 to move
+    boards = np.stack([win.boards[0], block.boards[0]])
+    env = VecConnectFour.from_boards(boards)
+    targets = visit_targets(blank_net, observation_planes(env, np.arange(2)), 64)
+    np.testing.assert_allclose(targets.sum(axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(targets * 64, root_visits(blank_net, env, [0, 1], 64))
+    assert targets.argmax(axis=1).tolist() == [3, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_net_on_a_gpu_searches_like_the_same_net_on_the_cpu(blank_net):
+    """A learner on a GPU computes its search targets with its net where it is."""
+    env = VecConnectFour(4)
+    env.step(np.array([3, 2, 4, 0]))
+    planes = observation_planes(env, np.arange(4))
+    on_gpu = PolicyNet(hidden=16).to("cuda")
+    on_gpu.load_state_dict(blank_net.state_dict())
+    np.testing.assert_array_equal(visit_targets(on_gpu, planes, 32), visit_targets(blank_net, planes, 32))

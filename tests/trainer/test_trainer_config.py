@@ -68,9 +68,11 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
     assert config_from_args(parse_args(["--run-dir", "r"])) == TrainConfig()
     off = config_from_args(parse_args(["--run-dir", "r", "--scripted-share", "0", "--no-mirror", "--ppo-epochs",
                                        "3", "--main-share", "0.5", "--opening-share", "0",
-                                       "--entropy-coef", "0.002", "--lr-final", "0.0001"]))
+                                       "--entropy-coef", "0.002", "--lr-final", "0.0001", "--search-coef", "0.5",
+                                       "--search-positions", "128", "--search-sims", "8"]))
     assert (off.league.scripted, off.league.scripted_share, off.mirror, off.ppo.epochs, off.league.main_share,
             off.opening_share, off.ppo.entropy_coef, off.ppo.lr_final) == ((), 0.0, False, 3, 0.5, 0.0, 0.002, 1e-4)
+    assert (off.ppo.search_coef, off.ppo.search_positions, off.ppo.search_sims) == (0.5, 128, 8)
     both = config_from_args(parse_args(["--run-dir", "r", "--scripted", "winblock,safe"]))
     assert both.league.scripted == ("winblock", "safe")
     assert both.league.scripted_share == TrainConfig().league.scripted_share
@@ -78,6 +80,9 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
     # no random openings.
     other = config_from_args(parse_args(["--run-dir", "r", "--game", "pettingzoo:tictactoe_v3"]))
     assert other.league.scripted == () and other.league.scripted_share == 0.0 and other.opening_share == 0.0
+    searched = config_from_args(parse_args(["--run-dir", "r", "--game", "pettingzoo:tictactoe_v3",
+                                            "--search-coef", "1"]))
+    assert searched.ppo.search_coef == 0.0  # Connect Four's search only
 
 
 @pytest.mark.parametrize("flags, named", [(["--ppo-epochs", "0"], "epochs"),
@@ -86,6 +91,7 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
                                           (["--opening-share", "1.5"], "opening_share"),
                                           (["--entropy-coef", "-0.1"], "entropy_coef"),
                                           (["--lr-final", "-1"], "lr_final"),
+                                          (["--search-sims", "0"], "search_sims"),
                                           (["--scripted", "winblock,perfect"], "scripted players")])
 def test_a_setting_out_of_range_stops_the_command_before_anything_starts(tmp_path, flags, named):
     from trainer.__main__ import main

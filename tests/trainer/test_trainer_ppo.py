@@ -7,7 +7,7 @@ import torch
 from league.connect4 import COLS, NUM_PLANES, ROWS
 from league.model import PolicyNet, masked_logits
 from trainer.checkpoint import has_learner, load_learner, save_learner
-from trainer.ppo import PPO, PPOConfig, ppo_loss, tactics_loss
+from trainer.ppo import PPO, PPOConfig, ppo_loss, search_loss, tactics_loss
 
 
 def _batch(n: int, good_action: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -96,6 +96,54 @@ def test_the_tactics_loss_applies_only_where_the_game_has_a_forced_move_rule():
     assert "forced" not in without_rule.to_tensors(batch) and "tactics_loss" not in without_rule.update(batch)
     with pytest.raises(ValueError, match="tactics_coef"):
         PPOConfig(tactics_coef=-1.0)
+
+
+def test_the_search_loss_is_the_cross_entropy_to_the_visit_shares_of_the_searched_rows():
+    logp = torch.log_softmax(torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0], [3.0, 1.0, -1e9]]), -1)
+    pi = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0], [0.25, 0.75, 0.0]])
+    expected = -((0.5 * logp[0, 0] + 0.5 * logp[0, 1]) + (0.25 * logp[2, 0] + 0.75 * logp[2, 1])) / 2
+    assert search_loss(logp, pi).item() == pytest.approx(expected.item())  # an illegal column's -1e9 is no term
+    assert search_loss(logp, torch.zeros_like(pi)).item() == 0.0
+
+
+def test_an_update_with_the_search_loss_moves_the_policy_towards_the_search_on_the_searched_positions():
+    """A stand-in search that always prefers column 5 (advantages favour column 2): the searched positions'
+    targets pull column 5 up, and only ``search_positions`` of the batch get one."""
+    batch = _batch(1024, good_action=2, rng=np.random.default_rng(4))
+    calls = []
+
+    def column_5(net: torch.nn.Module, planes: np.ndarray, simulations: int) -> np.ndarray:
+        calls.append((len(planes), simulations))
+        pi = np.full((len(planes), COLS), 0.02, np.float32)
+        pi[:, 5] = 1 - 0.02 * (COLS - 1)
+        return pi
+
+    def column_5_prob(coef: float) -> tuple[float, float, dict]:
+        torch.manual_seed(0)
+        cfg = PPOConfig(batch=1024, minibatch=256, epochs=4, lr=3e-3, search_coef=coef, search_positions=300,
+                        search_sims=7)
+        ppo = PPO(PolicyNet(32), cfg, torch.device("cpu"), search=column_5)
+        tensors = ppo.to_tensors(batch)
+
+        def prob() -> float:
+            with torch.no_grad():
+                logits, _ = ppo.net(tensors["planes"])
+                return torch.softmax(masked_logits(logits, tensors["legal"]), -1)[:, 5].mean().item()
+
+        before = prob()
+        stats = ppo.update(batch)
+        return before, prob(), {"stats": stats, "pi": tensors.get("search_pi")}
+
+    before, with_search, seen = column_5_prob(1.0)
+    assert calls == [(300, 7), (300, 7)]  # once in to_tensors above, once in update
+    assert int((seen["pi"].sum(-1) > 0).sum()) == 300 and "search_loss" in seen["stats"]
+    _, without, unseen = column_5_prob(0.0)
+    assert len(calls) == 2 and unseen["pi"] is None and "search_loss" not in unseen["stats"]
+    assert with_search > before + 0.1 and without < before
+    with pytest.raises(ValueError, match="search_coef"):
+        PPOConfig(search_coef=-1.0)
+    with pytest.raises(ValueError, match="search_sims"):
+        PPOConfig(search_sims=0)
 
 
 def test_ppo_config_rejects_minibatch_larger_than_batch():
