@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from torch import nn
 
 from league.model import PolicyNet
 
@@ -53,7 +54,7 @@ class Game:
     # (net, planes, simulations) -> (n, num_actions) float: the visit shares of a tree search from each position
     # with the net as prior and value (league.search); learners may add a loss towards them
     # (PPOConfig.search_coef). None: the game has no search.
-    search: Callable[[Any, np.ndarray, int], np.ndarray] | None = None
+    search: Callable[[nn.Module, np.ndarray, int], np.ndarray] | None = None
 
     def net(self, hidden: int) -> PolicyNet:
         return PolicyNet(hidden, self.plane_shape, self.num_actions)
