@@ -21,6 +21,13 @@ def _batch(n: int, good_action: int, rng: np.random.Generator) -> dict[str, np.n
             "returns": np.zeros(n, dtype=np.float32)}
 
 
+def mean_prob(ppo: PPO, tensors: dict[str, torch.Tensor], column: int, rows: slice = slice(None)) -> float:
+    """The net's mean probability of ``column`` over ``rows`` of a batch (masked as in training)."""
+    with torch.no_grad():
+        logits, _ = ppo.net(tensors["planes"][rows])
+        return torch.softmax(masked_logits(logits, tensors["legal"][rows]), -1)[:, column].mean().item()
+
+
 def test_ppo_update_raises_the_probability_of_advantaged_actions():
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
@@ -29,14 +36,9 @@ def test_ppo_update_raises_the_probability_of_advantaged_actions():
     batch = _batch(1024, good_action=2, rng=rng)
     tensors = ppo.to_tensors(batch)
 
-    def prob_good() -> float:
-        with torch.no_grad():
-            logits, _ = ppo.net(tensors["planes"])
-            return torch.softmax(masked_logits(logits, tensors["legal"]), -1)[:, 2].mean().item()
-
-    before = prob_good()
+    before = mean_prob(ppo, tensors, 2)
     stats = ppo.update(batch)
-    assert prob_good() > before + 0.05
+    assert mean_prob(ppo, tensors, 2) > before + 0.05
     assert set(stats) == {"pg_loss", "value_loss", "entropy", "clipfrac"} and ppo.updates == 1
     # After the update the new policy has moved away from the behaviour policy: some ratios are clipped.
     loss, info = ppo_loss(ppo.net, {k: v[:256] for k, v in tensors.items()}, cfg)
@@ -75,15 +77,10 @@ def test_an_update_with_the_tactics_loss_raises_the_forced_moves_probability():
                   torch.device("cpu"), tactics=column_4_wins)
         tensors = ppo.to_tensors(batch)
 
-        def prob() -> float:
-            with torch.no_grad():
-                logits, _ = ppo.net(tensors["planes"][:512])
-                return torch.softmax(masked_logits(logits, tensors["legal"][:512]), -1)[:, 4].mean().item()
-
-        before = prob()
+        before = mean_prob(ppo, tensors, 4, slice(512))
         stats = ppo.update(batch)
         assert ("tactics_loss" in stats) == (coef > 0)
-        return before, prob()
+        return before, mean_prob(ppo, tensors, 4, slice(512))
 
     before, with_tactics = forced_prob(2.0)
     _, without = forced_prob(0.0)
@@ -125,14 +122,9 @@ def test_an_update_with_the_search_loss_moves_the_policy_towards_the_search_on_t
         ppo = PPO(PolicyNet(32), cfg, torch.device("cpu"), search=column_5)
         tensors = ppo.to_tensors(batch)
 
-        def prob() -> float:
-            with torch.no_grad():
-                logits, _ = ppo.net(tensors["planes"])
-                return torch.softmax(masked_logits(logits, tensors["legal"]), -1)[:, 5].mean().item()
-
-        before = prob()
+        before = mean_prob(ppo, tensors, 5)
         stats = ppo.update(batch)
-        return before, prob(), {"stats": stats, "pi": tensors.get("search_pi")}
+        return before, mean_prob(ppo, tensors, 5), {"stats": stats, "pi": tensors.get("search_pi")}
 
     before, with_search, seen = column_5_prob(1.0)
     assert calls == [(300, 7), (300, 7)]  # once in to_tensors above, once in update
