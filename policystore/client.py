@@ -322,13 +322,18 @@ class PolicyStore:
         """
         check_policy_id(policy_id)
         session = self._live()
-        if version is None:
-            version = session.latest(policy_id, self._follower)
-            if version is None:
-                return self._resolve(session, policy_id, None)
-        else:
-            check_version(version)
-        sid = SnapshotId(policy_id, version)
+        if version is not None:
+            return self._get_version(session, SnapshotId(policy_id, check_version(version)))
+        heard = session.latest(policy_id, self._follower)
+        if heard is not None:
+            try:
+                return self._get_version(session, SnapshotId(policy_id, heard))
+            except UnknownVersionError:  # deleted after the push named it: "latest" is the store's to say
+                log.info("policystore: %s@v%d was deleted since the push named it; asking the store", policy_id, heard)
+        return self._resolve(session, policy_id, None)
+
+    def _get_version(self, session: Session, sid: SnapshotId) -> Snapshot:
+        """One version: held by this process, pushed to it, or asked of the store."""
         snap = session.snapshots.get(sid)
         if snap is not None:
             return snap
@@ -337,7 +342,7 @@ class PolicyStore:
             snap = self._open_pushed(session, sid, *pushed)
             if snap is not None:
                 return snap
-        return self._resolve(session, policy_id, version)
+        return self._resolve(session, sid.policy_id, sid.version)
 
     def _map(self, ref: ray.ObjectRef, sid: SnapshotId) -> np.ndarray:
         """The read-only bytes of a snapshot's object on this node: a local map, so its ``ray.get`` waits at most

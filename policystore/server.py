@@ -50,6 +50,7 @@ from .errors import (
     SnapshotLostError,
     SnapshotTooLargeError,
     UnknownPolicyError,
+    UnknownVersionError,
     brief,
 )
 from .format import (
@@ -546,13 +547,20 @@ class StoreServer:
 
     def _resolve(self, policy_id: str, version: int | None) -> HotSnapshot:
         check_policy_id(policy_id)
-        info = None
-        if version is None:
-            version = self.feed.latest(policy_id, self.config.max_staleness_s)
-        if version is None:
-            info = self._ask(self.catalog.lookup.remote(policy_id), "lookup")
-            version = info.version
-        sid = SnapshotId(policy_id, check_version(version))
+        if version is not None:
+            return self._copy_of(SnapshotId(policy_id, check_version(version)))
+        heard = self.feed.latest(policy_id, self.config.max_staleness_s)
+        if heard is not None:
+            try:
+                return self._copy_of(SnapshotId(policy_id, heard))
+            except UnknownVersionError:  # deleted since the feed heard of it: "latest" is the catalog's to say
+                log.info("%s@v%d was deleted since this store heard of it; asking the catalog", policy_id, heard)
+        info = self._ask(self.catalog.lookup.remote(policy_id), "lookup")
+        return self._copy_of(info.id, info)
+
+    def _copy_of(self, sid: SnapshotId, info: CatalogEntry | None = None) -> HotSnapshot:
+        """This node's hot copy of ``sid``: restored from its spill file, or fetched from another node (``info``:
+        the catalog's entry, when the caller just looked it up) if this node has none."""
         with self._lock:
             entry = self._own_copy_locked(sid)
             if entry is not None and entry.corrupt:

@@ -73,6 +73,16 @@ class Reader:
         a, b = store.load_module(policy_id, net), store.load_module(policy_id, net)
         return a.policystore_snapshot is b.policystore_snapshot
 
+    def get_behind(self, policy_id: str, heard: int) -> SnapshotId:
+        """The latest, asked while this process's push still names ``heard`` and brought no ref: the window
+        between a change in the catalog and the push that tells this process of it."""
+        follower = policystore.connect()._follower
+        follower.latest, follower.hot = (lambda _policy_id: heard), (lambda _sid: None)
+        try:
+            return policystore.connect().get(policy_id).id
+        finally:
+            del follower.latest, follower.hot
+
     def get_error(self, policy_id: str, version: int | None = None) -> str:
         try:
             policystore.connect().get(policy_id, version)
@@ -201,6 +211,23 @@ def test_stale_push_falls_back_to_the_store_and_held_refs_still_serve(make_store
         os.kill(catalog, signal.SIGCONT)
     getter.join(timeout=WAIT_S)
     assert answer == [(("p", 1), 1)]
+
+
+def test_latest_never_fails_on_a_version_deleted_since_the_push_named_it(make_store, reader):
+    """"Latest" within the staleness window may name a version deleted meanwhile, in the reader's push or in the
+    node store's own feed: the get then answers the latest that is left, not UnknownVersionError."""
+    store = make_store(max_staleness_s=30.0)  # every push counts as fresh: only the fallback can help
+    for seed in range(3):
+        store.publish("p", weights_of_mib(0.01, seed))
+    assert store.delete("p", 1) == [("p", 1)]
+    assert ray.get(reader.get_behind.remote("p", 1)) == ("p", 3)
+    server = ray.get_actor(store_name(store.node_id), namespace=NAMESPACE)
+
+    def feed_behind(self):  # the node store's feed, too, has not heard of the delete
+        self.feed.latest = lambda _policy_id, _max_staleness_s: 1
+
+    ray.get(server.__ray_call__.remote(feed_behind))
+    assert ray.get(server.resolve.remote("p")).id == ("p", 3)
 
 
 def test_a_restarted_store_is_followed_again(make_store, reader):
