@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import faulthandler
 import gc
 import glob
 import os
@@ -89,6 +90,10 @@ class Holder:
         return page_perms(self.arr.ctypes.data + self.arr.nbytes // 2)
 
     def write(self, route: str) -> str:
+        # Python's traceback first: Ray's own SIGSEGV handler runs ahead of it otherwise, and on a loaded machine
+        # its slow stack symbolization can outlast the process before Python's handler writes a line.
+        faulthandler.disable()
+        faulthandler.enable()
         ROUTES[route](self.arr)
         return "survived"
 
@@ -128,7 +133,7 @@ def worker_log(pid: int) -> str:
         # Not through session_latest: another test process's Ray session can repoint it between glob and open.
         files = [f for f in glob.glob(f"/tmp/ray/session_*/logs/worker-*-{pid}.err") if "/session_latest/" not in f]
         text = "".join(Path(f).read_text(errors="replace") for f in files)
-        return text if "Segmentation fault" in text and "Stack (most recent call first)" in text else None
+        return text if "Segmentation fault" in text and "(most recent call first)" in text else None
 
     return eventually(traceback, f"the segfault's traceback in worker {pid}'s log", 30, every_s=0.5)
 
