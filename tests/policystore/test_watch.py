@@ -76,10 +76,11 @@ class Reader:
     def get_behind(self, policy_id: str, heard: int) -> SnapshotId:
         """The latest, asked while this process's push still names ``heard`` and brought no ref: the window
         between a change in the catalog and the push that tells this process of it."""
-        follower = policystore.connect()._follower
+        store = policystore.connect()
+        follower = store._follower
         follower.latest, follower.hot = (lambda _policy_id: heard), (lambda _sid: None)
         try:
-            return policystore.connect().get(policy_id).id
+            return store.get(policy_id).id
         finally:
             del follower.latest, follower.hot
 
