@@ -29,15 +29,15 @@ import torch
 from rich.console import Console
 
 import policystore
-from league.connect4 import COLS, NUM_PLANES, ROWS
-from league.constants import is_frozen
-from league.model import PolicyNet, act
+from policystore.league.connect4 import COLS, NUM_PLANES, ROWS
+from policystore.league.constants import is_frozen
+from policystore.league.model import PolicyNet, act
 from policystore.memory import MiB, session_pss_bytes
-from trainer.config import TrainConfig
-from trainer.report import memory_report
-from trainer.run import Trainer
-from trainer.rundir import prepare_run_dir
-from workers.modules import MODES, PRIVATE, STORE
+from policystore.trainer.config import TrainConfig
+from policystore.trainer.report import memory_report
+from policystore.trainer.run import Trainer
+from policystore.trainer.rundir import prepare_run_dir
+from policystore.workers.modules import MODES, PRIVATE, STORE
 
 from . import harness
 

@@ -2,13 +2,13 @@
 
 Layers, bottom up (a package may import only those listed for it; see docs/architecture.md):
 
-    policystore          the per-node snapshot store
-    policystore.rllib    the RLlib adapter, on top of the store
-    league               games, the policy net, GAE and the league's rules: pure, never Ray nor the store
-    workers              rollout clients: the store and the rules, never the trainer
-    trainer              the driver: league actor, learner shards, display, report
-    examples             outside: scripts that use the store (and its RLlib adapter)
-    benchmarks           outside, on top: they measure the store, the trainer and the examples
+    policystore           the per-node snapshot store (the package less the four subpackages below)
+    policystore.rllib     the RLlib adapter, on top of the store
+    policystore.league    games, the policy net, GAE and the league's rules: pure, never Ray nor the store
+    policystore.workers   rollout clients: the store and the rules, never the trainer
+    policystore.trainer   the driver: league actor, learner shards, display, report
+    examples              outside the wheel: scripts that use the store (and its RLlib adapter)
+    benchmarks            outside the wheel, on top: they measure the store, the trainer and the examples
 
 Every import statement counts, those inside functions too (a lazy import still ties two modules together).
 Tests may import any package but neither benchmarks nor other test modules: what tests share lives in
@@ -26,24 +26,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("policystore", "league", "workers", "trainer", "benchmarks", "examples")
+PACKAGES = ("policystore", "benchmarks", "examples")
+LEAGUE, WORKERS, TRAINER = "policystore.league", "policystore.workers", "policystore.trainer"
+SUBLAYERS = ("policystore.rllib", LEAGUE, WORKERS, TRAINER)
 ALLOWED: dict[str, set[str]] = {
     "policystore": set(),
     "policystore.rllib": {"policystore"},
-    "league": set(),
-    "workers": {"policystore", "league"},
-    "trainer": {"policystore", "league", "workers"},
-    "examples": {"policystore", "policystore.rllib", "league", "workers", "trainer"},
-    "benchmarks": {"policystore", "policystore.rllib", "league", "workers", "trainer", "examples"},
+    LEAGUE: set(),
+    WORKERS: {"policystore", LEAGUE},
+    TRAINER: {"policystore", LEAGUE, WORKERS},
+    "examples": {"policystore", "policystore.rllib", LEAGUE, WORKERS, TRAINER},
+    "benchmarks": {"policystore", "policystore.rllib", LEAGUE, WORKERS, TRAINER, "examples"},
 }
-RAY_FREE = ("league",)
+RAY_FREE = (LEAGUE,)
 # benchmark modules the tests may import: the S3 gate (a fixture), and the cluster model (its simulation is
 # arithmetic that the docs' figures rest on, tested like library code)
 SHARED_WITH_TESTS = {"benchmarks.s3gate", "benchmarks.cluster_model"}
 
 
 def module_name(path: Path) -> str:
-    """``league/model.py`` -> ``league.model``; a package's ``__init__.py`` -> the package; tests by file name."""
+    """``policystore/league/model.py`` -> ``policystore.league.model``; ``__init__.py`` -> the package."""
     rel = path.relative_to(ROOT).with_suffix("")
     parts = list(rel.parts)
     if parts[0] == "tests":
@@ -113,8 +115,9 @@ GRAPH = {module: imports_of(module, path) for module, path in FILES.items()}
 def layer(module: str) -> str:
     if module.startswith("tests."):
         return "tests"
-    if module == "policystore.rllib" or module.startswith("policystore.rllib."):
-        return "policystore.rllib"
+    for sub in SUBLAYERS:
+        if module == sub or module.startswith(sub + "."):
+            return sub
     return module.split(".")[0]
 
 
@@ -153,11 +156,13 @@ def test_rules_package_never_imports_ray(package):
 
 
 def test_rules_package_imports_without_ray_or_the_store():
-    """Not only no direct import: importing all of ``league`` loads neither Ray nor anything that starts it, nor
-    any part of the store (the rules do not depend on how weights are held)."""
-    modules = sorted(m for m in FILES if layer(m) == "league")
-    code = (f"import sys; import {', '.join(modules)}; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'policystore')))")
+    """Not only no direct import: importing all of ``policystore.league`` loads neither Ray nor anything that starts
+    it, nor any part of the store (the rules do not depend on how weights are held)."""
+    modules = sorted(m for m in FILES if layer(m) == LEAGUE)
+    # the package's own __init__ (names, errors, config: Ray-free) loads with any subpackage; nothing more may
+    code = (f"import sys, policystore; before = set(sys.modules); import {', '.join(modules)}; "
+            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] == 'ray' "
+            f"or m.startswith('policystore.') and not m.startswith('{LEAGUE}')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
@@ -249,6 +254,7 @@ def test_no_import_cycle_between_packages():
 def test_the_checker_sees_cycles_and_upward_arrows():
     """The checks above would fail on a violation: a cycle is found, and the layers are read from real code."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert "league.model" in GRAPH["league.vecgame"]                        # an import at module level
-    assert "workers.play" in GRAPH["trainer.evaluate"]                       # an arrow that is allowed
+    assert f"{LEAGUE}.model" in GRAPH[f"{LEAGUE}.vecgame"]                   # an import at module level
+    assert f"{WORKERS}.play" in GRAPH[f"{TRAINER}.evaluate"]                 # an arrow that is allowed
     assert layer("policystore.rllib.callback") == "policystore.rllib" and layer("tests.conftest") == "tests"
+    assert layer(f"{TRAINER}.run") == TRAINER and layer("policystore.client") == "policystore"

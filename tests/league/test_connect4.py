@@ -3,8 +3,16 @@
 import numpy as np
 import pytest
 
-from league.baselines import random_opening, random_player, safe_player, win_block_player, winning_columns
-from league.connect4 import COLS, ROWS, VecConnectFour, canonical, games_from_planes, is_win, observation_planes
+from policystore.league.baselines import random_opening, random_player, safe_player, win_block_player, winning_columns
+from policystore.league.connect4 import (
+    COLS,
+    ROWS,
+    VecConnectFour,
+    canonical,
+    games_from_planes,
+    is_win,
+    observation_planes,
+)
 
 
 def play(env: VecConnectFour, columns: list[int], game: int = 0):

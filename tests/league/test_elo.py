@@ -1,9 +1,9 @@
-"""Elo ratings (league/elo.py): moved towards results, zero-sum, settling at the formula's gap."""
+"""Elo ratings (policystore/league/elo.py): moved towards results, zero-sum, settling at the formula's gap."""
 
 import numpy as np
 import pytest
 
-from league.elo import Elo
+from policystore.league.elo import Elo
 
 
 def test_elo_moves_ratings_towards_results_and_is_zero_sum():

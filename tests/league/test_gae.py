@@ -1,8 +1,8 @@
-"""Generalised advantage estimation (league/gae.py) against a hand-computed episode."""
+"""Generalised advantage estimation (policystore/league/gae.py) against a hand-computed episode."""
 
 import numpy as np
 
-from league.gae import gae
+from policystore.league.gae import gae
 
 
 def test_gae_matches_a_hand_computed_episode():

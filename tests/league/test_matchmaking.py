@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from league.matchmaking import League, LeagueConfig, MatchResult
+from policystore.league.matchmaking import League, LeagueConfig, MatchResult
 
 
 def serve(league: League) -> None:

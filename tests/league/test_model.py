@@ -1,10 +1,10 @@
-"""The policy net's action choice (league/model.py): masked columns are never chosen."""
+"""The policy net's action choice (policystore/league/model.py): masked columns are never chosen."""
 
 import numpy as np
 import torch
 
-from league.connect4 import COLS, NUM_PLANES, ROWS
-from league.model import PolicyNet, act, masked_logits
+from policystore.league.connect4 import COLS, NUM_PLANES, ROWS
+from policystore.league.model import PolicyNet, act, masked_logits
 
 
 def test_masked_columns_get_zero_probability_and_are_never_sampled():

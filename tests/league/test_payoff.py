@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from league.payoff import Payoff
+from policystore.league.payoff import Payoff
 
 
 def test_unseen_pair_counts_as_half():

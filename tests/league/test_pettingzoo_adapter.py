@@ -6,10 +6,10 @@ import torch
 
 pytest.importorskip("pettingzoo.classic.tictactoe_v3", reason="needs the pettingzoo extra")
 
-from league.games import get_game  # noqa: E402
-from trainer.evaluate import evaluate  # noqa: E402
-from trainer.ppo import PPO, PPOConfig  # noqa: E402
-from workers.play import net_policy, play  # noqa: E402
+from policystore.league.games import get_game  # noqa: E402
+from policystore.trainer.evaluate import evaluate  # noqa: E402
+from policystore.trainer.ppo import PPO, PPOConfig  # noqa: E402
+from policystore.workers.play import net_policy, play  # noqa: E402
 
 
 def test_connect_four_v3_agrees_with_the_built_in_rules():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from league.pfsp import pfsp_probs, remove_monotonic_suffix
+from policystore.league.pfsp import pfsp_probs, remove_monotonic_suffix
 
 
 def test_pfsp_hard_and_var_match_their_formulas():

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from league.connect4 import COLS, ROWS, VecConnectFour, observation_planes
-from league.model import PolicyNet
-from league.search import best_moves, root_visits, visit_targets
+from policystore.league.connect4 import COLS, ROWS, VecConnectFour, observation_planes
+from policystore.league.model import PolicyNet
+from policystore.league.search import best_moves, root_visits, visit_targets
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ independently here (a list-of-lists board, a line scan around the last stone, no
 import numpy as np
 import pytest
 
-from league.connect4 import VecConnectFour
-from league.solver import Solver, from_env, from_moves, play
+from policystore.league.connect4 import VecConnectFour
+from policystore.league.solver import Solver, from_env, from_moves, play
 
 # Published test positions of Pascal Pons' solver benchmark (columns 1-based, from the empty board) and the sign of
 # their score: +1 the side to move wins, 0 draw, -1 it loses.

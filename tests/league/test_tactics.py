@@ -1,8 +1,8 @@
 import numpy as np
 
-from league.baselines import random_opening, winning_columns
-from league.connect4 import COLS, ROWS, VecConnectFour, observation_planes
-from league.solver import (
+from policystore.league.baselines import random_opening, winning_columns
+from policystore.league.connect4 import COLS, ROWS, VecConnectFour, observation_planes
+from policystore.league.solver import (
     NodeLimitExceeded,
     Solver,
     can_win_now,
@@ -13,7 +13,7 @@ from league.solver import (
     playable,
     winning_cells,
 )
-from league.tactics import forced_moves
+from policystore.league.tactics import forced_moves
 
 
 def named(board: np.ndarray) -> set[int]:

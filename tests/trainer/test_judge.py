@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from league.baselines import random_player, win_block_player
-from league.model import PolicyNet
-from league.solver import Solver, from_moves, perfect_player
-from trainer import judge
-from trainer.evaluate import judge_players, main
-from workers.play import scripted_policy
+from policystore.league.baselines import random_player, win_block_player
+from policystore.league.model import PolicyNet
+from policystore.league.solver import Solver, from_moves, perfect_player
+from policystore.trainer import judge
+from policystore.trainer.evaluate import judge_players, main
+from policystore.workers.play import scripted_policy
 
 LATE = (22, 30)
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from league.matchmaking import League, LeagueConfig
-from trainer.config import TrainConfig
-from trainer.rundir import RunDir, prepare_run_dir
+from policystore.league.matchmaking import League, LeagueConfig
+from policystore.trainer.config import TrainConfig
+from policystore.trainer.rundir import RunDir, prepare_run_dir
 
 
 def test_config_round_trips_through_the_run_directory(tmp_path):
@@ -63,7 +63,7 @@ def test_scripted_league_members_must_be_the_games_scripted_players(tmp_path):
 
 
 def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_it():
-    from trainer.__main__ import config_from_args, parse_args
+    from policystore.trainer.__main__ import config_from_args, parse_args
 
     assert config_from_args(parse_args(["--run-dir", "r"])) == TrainConfig()
     off = config_from_args(parse_args(["--run-dir", "r", "--scripted-share", "0", "--no-mirror", "--ppo-epochs",
@@ -94,7 +94,7 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
                                           (["--search-sims", "0"], "search_sims"),
                                           (["--scripted", "winblock,perfect"], "scripted players")])
 def test_a_setting_out_of_range_stops_the_command_before_anything_starts(tmp_path, flags, named):
-    from trainer.__main__ import main
+    from policystore.trainer.__main__ import main
 
     with pytest.raises(SystemExit, match=named):
         main(["--run-dir", str(tmp_path / "run"), *flags])

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
 from policystore.errors import UnknownPolicyError
-from trainer import openspiel_bots
-from trainer.config import TrainConfig
-from trainer.play import play_game
-from trainer.policy import load_policy
-from trainer.run import train
+from policystore.league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
+from policystore.trainer import openspiel_bots
+from policystore.trainer.config import TrainConfig
+from policystore.trainer.play import play_game
+from policystore.trainer.policy import load_policy
+from policystore.trainer.run import train
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def test_terminal_play_and_evaluate_command(run_dir):
     moves = itertools.chain(["9"], itertools.cycle("0123456"))  # a bad answer first, then every column in turn
     winner = play_game(load_policy(run_dir), human_player=1, read=lambda _: next(moves), write=out.append)
     assert winner in (0, 1, 2) and any("not a playable column" in line for line in out)
-    proc = subprocess.run([sys.executable, "-m", "trainer.evaluate", "--run-dir", str(run_dir), "--games", "50",
-                           "--json"], capture_output=True, text=True, check=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "policystore.trainer.evaluate", "--run-dir", str(run_dir),
+                           "--games", "50", "--json"], capture_output=True, text=True, check=True, timeout=120)
     result = json.loads(proc.stdout)
     assert set(result) >= {"random", "winblock"} and result["random"]["games"] == 100

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from league.model import PolicyNet
-from trainer.evaluate import evaluate, main, wilson_interval
+from policystore.league.model import PolicyNet
+from policystore.trainer.evaluate import evaluate, main, wilson_interval
 
 
 def test_wilson_interval_brackets_the_rate_and_narrows_with_games():

@@ -1,9 +1,9 @@
-"""The learner shard's device choice (trainer/learner.py) and the host copies it publishes."""
+"""The learner shard's device choice (policystore/trainer/learner.py) and the host copies it publishes."""
 
 import torch
 
-from league.model import PolicyNet
-from trainer.learner import choose_device, host_weights
+from policystore.league.model import PolicyNet
+from policystore.trainer.learner import choose_device, host_weights
 
 
 def test_device_is_cpu_without_a_gpu_and_weights_publish_from_host():

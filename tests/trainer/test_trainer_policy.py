@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from league.connect4 import COLS, ROWS
-from league.model import PolicyNet
-from trainer.policy import connect_four_policy
+from policystore.league.connect4 import COLS, ROWS
+from policystore.league.model import PolicyNet
+from policystore.trainer.policy import connect_four_policy
 
 WIN_PLANE, BLOCK_PLANE = 3, 4  # observation_planes: cells that win for the mover, cells that win for the opponent
 

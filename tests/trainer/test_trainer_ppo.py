@@ -1,13 +1,13 @@
-"""PPO (trainer/ppo.py): the clipped objective, an update's effect, its config, the learner's checkpoint."""
+"""PPO (policystore/trainer/ppo.py): the clipped objective, an update's effect, its config, the learner's checkpoint."""
 
 import numpy as np
 import pytest
 import torch
 
-from league.connect4 import COLS, NUM_PLANES, ROWS
-from league.model import PolicyNet, masked_logits
-from trainer.checkpoint import has_learner, load_learner, save_learner
-from trainer.ppo import PPO, PPOConfig, ppo_loss, search_loss, tactics_loss
+from policystore.league.connect4 import COLS, NUM_PLANES, ROWS
+from policystore.league.model import PolicyNet, masked_logits
+from policystore.trainer.checkpoint import has_learner, load_learner, save_learner
+from policystore.trainer.ppo import PPO, PPOConfig, ppo_loss, search_loss, tactics_loss
 
 
 def _batch(n: int, good_action: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

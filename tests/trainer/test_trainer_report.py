@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from league.constants import HISTORICAL
-from league.games import CONNECT4
-from league.matchmaking import League, LeagueConfig, MatchResult
-from league.model import PolicyNet
-from trainer import openspiel_bots, reference, report
+from policystore.league.constants import HISTORICAL
+from policystore.league.games import CONNECT4
+from policystore.league.matchmaking import League, LeagueConfig, MatchResult
+from policystore.league.model import PolicyNet
+from policystore.trainer import openspiel_bots, reference, report
 
 CURVE = [{"time_s": 5.0, "steps": 30, "elo": {"main_0": 1100.0}, "win_random": 0.6, "win_winblock": 0.1}]
 

@@ -3,10 +3,10 @@
 import numpy as np
 import torch
 
-from league.baselines import random_opening, random_player
-from league.connect4 import ROWS, VecConnectFour, observation_planes
-from league.model import PolicyNet
-from workers.play import mirror, net_policy, play, scripted_policy
+from policystore.league.baselines import random_opening, random_player
+from policystore.league.connect4 import ROWS, VecConnectFour, observation_planes
+from policystore.league.model import PolicyNet
+from policystore.workers.play import mirror, net_policy, play, scripted_policy
 
 
 def test_play_records_only_the_learner_side_with_terminal_rewards():

@@ -6,13 +6,13 @@ import ray
 import torch
 from helpers import eventually
 
-from league.connect4 import COLS, NUM_PLANES, ROWS
-from league.constants import FROZEN_META_KEY, HISTORICAL
-from league.matchmaking import LeagueConfig
-from trainer.league_actor import LeagueActor
-from trainer.learner import LearnerShard
-from trainer.ppo import PPOConfig
-from workers.rollout import RolloutWorker, WorkerConfig
+from policystore.league.connect4 import COLS, NUM_PLANES, ROWS
+from policystore.league.constants import FROZEN_META_KEY, HISTORICAL
+from policystore.league.matchmaking import LeagueConfig
+from policystore.trainer.league_actor import LeagueActor
+from policystore.trainer.learner import LearnerShard
+from policystore.trainer.ppo import PPOConfig
+from policystore.workers.rollout import RolloutWorker, WorkerConfig
 
 HIDDEN = 16
 PPO_SMALL = PPOConfig(batch=256, minibatch=128, epochs=1)

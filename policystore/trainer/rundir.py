@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.config import TrainConfig
+from policystore.trainer.config import TrainConfig
 
 
 class RunDir:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 from torch import nn
 
-from league.model import PolicyNet
+from policystore.league.model import PolicyNet
 
 
 class VecGame(Protocol):

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from league.connect4 import CELL_BITS, COL_BIT, ROWS
-from league.solver import playable, winning_cells  # plain-int bit tricks that work on uint64 arrays as-is
+from policystore.league.connect4 import CELL_BITS, COL_BIT, ROWS
+from policystore.league.solver import playable, winning_cells  # plain-int bit tricks that work on uint64 arrays as-is
 
 _COLUMN = np.bitwise_or.reduce(COL_BIT[:, :ROWS], axis=1)  # (7,) each column's six cells
 

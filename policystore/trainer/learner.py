@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 import policystore
-from league.constants import FROZEN_META_KEY
-from league.games import CONNECT4, get_game
-from trainer.checkpoint import has_learner, load_learner, load_weights, save_learner, save_weights
-from trainer.ppo import PPO, PPOConfig
+from policystore.league.constants import FROZEN_META_KEY
+from policystore.league.games import CONNECT4, get_game
+from policystore.trainer.checkpoint import has_learner, load_learner, load_weights, save_learner, save_weights
+from policystore.trainer.ppo import PPO, PPOConfig
 
 
 def choose_device(gpu_ids: list) -> torch.device:

@@ -15,8 +15,8 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN, SCRIPTED
-from trainer.report import players_table, win_rates_text
+from policystore.league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN, SCRIPTED
+from policystore.trainer.report import players_table, win_rates_text
 
 
 def status_table(status: dict[str, Any], last_eval: dict[str, Any] | None) -> Table:

@@ -2,9 +2,9 @@
 
 This package sits between the store and everything that runs on Ray::
 
-    trainer/     the driver: league actor, learner shards, live display, report (imports all below)
-    workers/     thin rollout clients: play matches with views from the store (imports league, policystore)
-    league/      this package: Connect Four and other games, scripted players, the policy net, GAE, PFSP,
+    policystore/trainer/     the driver: league actor, learner shards, live display, report (imports all below)
+    policystore/workers/     thin rollout clients: play matches with views from the store (imports league, policystore)
+    policystore/league/      this package: Connect Four and other games, scripted players, the policy net, GAE, PFSP,
                  payoff, Elo and the league's matchmaking (imports numpy, torch, gymnasium; never Ray)
     policystore/ the per-node snapshot store (imports none of the above)
 

@@ -1,10 +1,10 @@
 """Strength of a trained agent against fixed opponents, over both seats, with a 95% confidence interval.
 
-    python -m trainer.evaluate --run-dir runs/demo            # main agent vs random and win/block, 1000 games per seat
-    python -m trainer.evaluate --run-dir runs/demo --player main_exploiter_0 --games 500
-    python -m trainer.evaluate --run-dir runs/demo --search 64                 # the agent plays with a PUCT search
-    python -m trainer.evaluate --run-dir runs/demo --opponents mcts100,mcts1000 --games 50   # OpenSpiel's MCTS
-    python -m trainer.evaluate --run-dir runs/demo --judge 200      # a perfect solver judges 200 positions instead
+    python -m policystore.trainer.evaluate --run-dir runs/demo   # main vs random and win/block, 1000 games per seat
+    python -m policystore.trainer.evaluate --run-dir runs/demo --player main_exploiter_0 --games 500
+    python -m policystore.trainer.evaluate --run-dir runs/demo --search 64       # the agent plays with a PUCT search
+    python -m policystore.trainer.evaluate --run-dir runs/demo --opponents mcts100,mcts1000 --games 50  # OpenSpiel MCTS
+    python -m policystore.trainer.evaluate --run-dir runs/demo --judge 200   # a perfect solver judges 200 positions
 
 Opponents: the game's scripted players (Connect Four: ``random``; ``winblock``: win if you can, block if you must;
 ``safe``: win/block that never opens a cell where the opponent wins) and, for Connect Four with the ``openspiel``
@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from league.baselines import BASELINES
-from league.constants import DEFAULT_PLAYER
-from league.games import CONNECT4, Game, get_game
-from trainer import judge
-from trainer.openspiel_bots import is_mcts, mcts_policy
-from trainer.policy import load_net
-from trainer.rundir import RunDir
-from workers.play import Policy, net_policy, play, scripted_policy, search_policy
+from policystore.league.baselines import BASELINES
+from policystore.league.constants import DEFAULT_PLAYER
+from policystore.league.games import CONNECT4, Game, get_game
+from policystore.trainer import judge
+from policystore.trainer.openspiel_bots import is_mcts, mcts_policy
+from policystore.trainer.policy import load_net
+from policystore.trainer.rundir import RunDir
+from policystore.workers.play import Policy, net_policy, play, scripted_policy, search_policy
 
 
 def wilson_interval(wins: float, games: int, z: float = 1.96) -> tuple[float, float]:
@@ -120,9 +120,9 @@ class _Timed:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m policystore.trainer.evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", required=True, help="a directory written by `python -m trainer`")
+    parser.add_argument("--run-dir", required=True, help="a directory written by `python -m policystore.trainer`")
     parser.add_argument("--player", default=DEFAULT_PLAYER, help=f"player or snapshot name (default: {DEFAULT_PLAYER})")
     parser.add_argument("--version", default="latest", help="store version of the player (default: latest)")
     parser.add_argument("--games", type=int, default=1000, help="games per seat and opponent (default 1000)")

@@ -11,8 +11,8 @@ import numpy as np
 from matplotlib.patches import Rectangle
 from rich.table import Table
 
-from league.constants import DEFAULT_PLAYER, HISTORICAL, SCRIPTED, TRAINABLE_KINDS, is_frozen
 from policystore import StoreStats
+from policystore.league.constants import DEFAULT_PLAYER, HISTORICAL, SCRIPTED, TRAINABLE_KINDS, is_frozen
 from policystore.memory import MiB
 
 

@@ -1,4 +1,4 @@
-"""python -m trainer: train an AlphaStar-style Connect Four league on a local Ray.
+"""python -m policystore.trainer: train an AlphaStar-style Connect Four league on a local Ray.
 
 Main agents, main exploiters and league exploiters learn with PPO in learner shards; thin rollout workers
 play them against each other and against frozen snapshots, which the node's PolicyStore keeps once in
@@ -7,10 +7,10 @@ main agent against OpenSpiel's MCTS(100) at a few points of the run, played afte
 memory report under RUN_DIR/report/.
 
 examples:
-  python -m trainer --run-dir runs/demo                 # default run (see --minutes)
-  python -m trainer --run-dir runs/demo --resume --minutes 2
-  python -m trainer.evaluate --run-dir runs/demo        # win rates vs random and win/block, both seats
-  python -m trainer.play --run-dir runs/demo            # play against the main agent in the terminal
+  python -m policystore.trainer --run-dir runs/demo                 # default run (see --minutes)
+  python -m policystore.trainer --run-dir runs/demo --resume --minutes 2
+  python -m policystore.trainer.evaluate --run-dir runs/demo        # win rates vs random and win/block, both seats
+  python -m policystore.trainer.play --run-dir runs/demo            # play against the main agent in the terminal
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import argparse
 import dataclasses
 import sys
 
-from league.games import CONNECT4
-from trainer.config import DEFAULT_MINUTES, TrainConfig
-from trainer.run import train
+from policystore.league.games import CONNECT4
+from policystore.trainer.config import DEFAULT_MINUTES, TrainConfig
+from policystore.trainer.run import train
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = TrainConfig()
     dl = d.league
-    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m policystore.trainer", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="where config, league state, store spill files, "
                    "checkpoints and the report go")
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:  # a setting out of range: say which, before anything starts
-        raise SystemExit(f"python -m trainer: {exc}") from None
+        raise SystemExit(f"python -m policystore.trainer: {exc}") from None
     train(args.run_dir, config)
     return 0
 

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from league.connect4 import COLS, VecConnectFour, games_from_planes, observation_planes
-from league.model import masked_logits
+from policystore.league.connect4 import COLS, VecConnectFour, games_from_planes, observation_planes
+from policystore.league.model import masked_logits
 
 C_PUCT = 1.5  # exploration weight of the prior (AlphaZero's range: 1 to 2.5)
 

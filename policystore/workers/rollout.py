@@ -19,13 +19,13 @@ import ray
 import torch
 
 import policystore
-from league.baselines import BASELINES
-from league.games import CONNECT4, get_game
-from league.matchmaking import Match, MatchResult
-from league.vecgame import VecGame
+from policystore.league.baselines import BASELINES
+from policystore.league.games import CONNECT4, get_game
+from policystore.league.matchmaking import Match, MatchResult
+from policystore.league.vecgame import VecGame
 from policystore.memory import MiB, process_pss_bytes
-from workers.modules import STORE, SnapshotModules
-from workers.play import net_policy, play, scripted_policy
+from policystore.workers.modules import STORE, SnapshotModules
+from policystore.workers.play import net_policy, play, scripted_policy
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ray
 
-from league.matchmaking import League, LeagueConfig, Match, MatchResult, SnapshotRequest
+from policystore.league.matchmaking import League, LeagueConfig, Match, MatchResult, SnapshotRequest
 
 
 class LeagueActor(League):

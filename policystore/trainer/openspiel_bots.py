@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from league.connect4 import COLS, VecConnectFour
-from workers.play import Policy
+from policystore.league.connect4 import COLS, VecConnectFour
+from policystore.workers.play import Policy
 
 MCTS_NAME = re.compile(r"mcts(\d+)$")
 

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from league.baselines import Player
-from league.connect4 import COLS, ROWS, VecConnectFour
+from policystore.league.baselines import Player
+from policystore.league.connect4 import COLS, ROWS, VecConnectFour
 
 _H1 = ROWS + 1
 _CELLS = ROWS * COLS

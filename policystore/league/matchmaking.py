@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from league.constants import (
+from policystore.league.constants import (
     HISTORICAL,
     LEAGUE_EXPLOITER,
     MAIN,
@@ -37,9 +37,9 @@ from league.constants import (
     player_name,
     snapshot_name,
 )
-from league.elo import Elo
-from league.payoff import Payoff
-from league.pfsp import pfsp_probs, remove_monotonic_suffix
+from policystore.league.elo import Elo
+from policystore.league.payoff import Payoff
+from policystore.league.pfsp import pfsp_probs, remove_monotonic_suffix
 
 
 @dataclass

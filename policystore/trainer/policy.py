@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from league.connect4 import COLS, VecConnectFour, observation_planes
-from league.constants import DEFAULT_PLAYER
-from league.games import CONNECT4, get_game
-from league.model import PolicyNet, act
-from league.search import best_moves
+from policystore.league.connect4 import COLS, VecConnectFour, observation_planes
+from policystore.league.constants import DEFAULT_PLAYER
+from policystore.league.games import CONNECT4, get_game
+from policystore.league.model import PolicyNet, act
+from policystore.league.search import best_moves
 from policystore.reader import open_folder
-from trainer.rundir import RunDir
+from policystore.trainer.rundir import RunDir
 
 Act = Callable[[np.ndarray, int, Sequence[int] | np.ndarray | None], int]
 

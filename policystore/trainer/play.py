@@ -1,8 +1,8 @@
 """Play Connect Four against a trained agent in the terminal.
 
-    python -m trainer.play --run-dir runs/demo              # you move first
-    python -m trainer.play --run-dir runs/demo --second     # the agent moves first
-    python -m trainer.play --run-dir runs/demo --search 256 # the agent searches 256 simulations per move
+    python -m policystore.trainer.play --run-dir runs/demo              # you move first
+    python -m policystore.trainer.play --run-dir runs/demo --second     # the agent moves first
+    python -m policystore.trainer.play --run-dir runs/demo --search 256 # the agent searches 256 simulations per move
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from league.connect4 import COLS, VecConnectFour
-from league.constants import DEFAULT_PLAYER
-from trainer.policy import load_policy
+from policystore.league.connect4 import COLS, VecConnectFour
+from policystore.league.constants import DEFAULT_PLAYER
+from policystore.trainer.policy import load_policy
 
 SYMBOLS = {0: ".", 1: "X", 2: "O"}
 
@@ -49,9 +49,9 @@ def play_game(agent: Callable, human_player: int, read: Callable[[str], str] = i
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainer.play", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m policystore.trainer.play", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", required=True, help="a directory written by `python -m trainer`")
+    parser.add_argument("--run-dir", required=True, help="a directory written by `python -m policystore.trainer`")
     parser.add_argument("--player", default=None, help=f"player or snapshot to play (default: {DEFAULT_PLAYER})")
     parser.add_argument("--second", action="store_true", help="let the agent move first")
     parser.add_argument("--search", type=int, default=0, metavar="N",

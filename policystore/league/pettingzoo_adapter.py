@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from league.vecgame import Game
+from policystore.league.vecgame import Game
 
 PETTINGZOO_PREFIX = "pettingzoo:"  # game names: pettingzoo:<classic env>
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from league.games import CONNECT4, get_game
-from league.matchmaking import LeagueConfig
-from trainer.ppo import PPOConfig
-from workers.modules import STORE
+from policystore.league.games import CONNECT4, get_game
+from policystore.league.matchmaking import LeagueConfig
+from policystore.trainer.ppo import PPOConfig
+from policystore.workers.modules import STORE
 
 DEFAULT_MINUTES = 9.0
 # Keys that older versions wrote into config.json and nothing reads any more: dropped on load, so that their run

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from league.baselines import random_opening
-from league.connect4 import COLS, NUM_PLANES, ROWS, VecConnectFour
-from league.pettingzoo_adapter import PETTINGZOO_PREFIX, pettingzoo_game
-from league.search import visit_targets
-from league.tactics import forced_moves
-from league.vecgame import Game
+from policystore.league.baselines import random_opening
+from policystore.league.connect4 import COLS, NUM_PLANES, ROWS, VecConnectFour
+from policystore.league.pettingzoo_adapter import PETTINGZOO_PREFIX, pettingzoo_game
+from policystore.league.search import visit_targets
+from policystore.league.tactics import forced_moves
+from policystore.league.vecgame import Game
 
 CONNECT4 = Game("connect4", VecConnectFour, (NUM_PLANES, ROWS, COLS), COLS, ("random", "winblock", "safe"),
                 mirrored=True, opening=random_opening, tactics=forced_moves, search=visit_targets)

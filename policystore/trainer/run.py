@@ -17,18 +17,18 @@ import ray
 from rich.console import Console
 
 import policystore
-from league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
-from league.games import get_game
+from policystore.league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
+from policystore.league.games import get_game
 from policystore.memory import MiB
-from trainer import reference, report
-from trainer.config import TrainConfig
-from trainer.display import LiveDisplay, print_summary
-from trainer.evaluate import evaluate
-from trainer.league_actor import LeagueActor
-from trainer.learner import LearnerShard
-from trainer.rundir import RunDir, prepare_run_dir
-from workers.modules import SnapshotModules
-from workers.rollout import RolloutWorker, WorkerConfig
+from policystore.trainer import reference, report
+from policystore.trainer.config import TrainConfig
+from policystore.trainer.display import LiveDisplay, print_summary
+from policystore.trainer.evaluate import evaluate
+from policystore.trainer.league_actor import LeagueActor
+from policystore.trainer.learner import LearnerShard
+from policystore.trainer.rundir import RunDir, prepare_run_dir
+from policystore.workers.modules import SnapshotModules
+from policystore.workers.rollout import RolloutWorker, WorkerConfig
 
 RESCALE_EVERY_S = 20.0  # how often the snapshot budgets follow the measured env steps/s (first: LeagueConfig)
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from league.model import masked_logits
+from policystore.league.model import masked_logits
 
 BATCH_KEYS = ("planes", "legal", "actions", "logp", "advantages", "returns")
 

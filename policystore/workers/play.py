@@ -12,12 +12,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from league.baselines import Player
-from league.gae import gae
-from league.model import act
-from league.search import best_moves
-from league.vecgame import VecGame
 from policystore import fast_reads
+from policystore.league.baselines import Player
+from policystore.league.gae import gae
+from policystore.league.model import act
+from policystore.league.search import best_moves
+from policystore.league.vecgame import VecGame
 
 # (env, env ids, planes, legal) -> (actions, log-probs or None, values or None)
 Policy = Callable[[VecGame, np.ndarray, np.ndarray, np.ndarray],

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from league.connect4 import COLS, NUM_PLANES, ROWS
+from policystore.league.connect4 import COLS, NUM_PLANES, ROWS
 
 MASKED_LOGIT = -1e9
 

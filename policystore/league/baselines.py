@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from league.connect4 import COL_BIT, COLS, ROWS, VecConnectFour, is_win
+from policystore.league.connect4 import COL_BIT, COLS, ROWS, VecConnectFour, is_win
 
 Player = Callable[[VecConnectFour, np.ndarray, np.random.Generator], np.ndarray]
 

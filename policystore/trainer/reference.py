@@ -16,10 +16,10 @@ from typing import Any
 
 from torch import nn
 
-from league.constants import DEFAULT_PLAYER, HISTORICAL
-from league.games import CONNECT4, Game
-from trainer import openspiel_bots
-from trainer.evaluate import evaluate
+from policystore.league.constants import DEFAULT_PLAYER, HISTORICAL
+from policystore.league.games import CONNECT4, Game
+from policystore.trainer import openspiel_bots
+from policystore.trainer.evaluate import evaluate
 
 OPPONENT = "mcts100"
 SNAPSHOTS = 4  # frozen snapshots measured besides the final version

@@ -21,9 +21,18 @@ from pathlib import Path
 
 import numpy as np
 
-from league.connect4 import COLS, VecConnectFour
-from league.solver import NodeLimitExceeded, Solver, from_moves, is_open, is_winning_move, play, playable, winning_cells
-from workers.play import Policy
+from policystore.league.connect4 import COLS, VecConnectFour
+from policystore.league.solver import (
+    NodeLimitExceeded,
+    Solver,
+    from_moves,
+    is_open,
+    is_winning_move,
+    play,
+    playable,
+    winning_cells,
+)
+from policystore.workers.play import Policy
 
 STONES = (12, 30)  # stones played before a judged position; see docs/trainer.md for why this range
 NODE_LIMIT = 1_000_000  # positions searched per judged position before it is skipped (10 to 40 s here)
