@@ -1,0 +1,197 @@
+"""Fan-out on an emulated network: a new snapshot published on the head, read by one reader on every other node,
+on a ``benchmarks.netbed`` cluster whose links (not this machine's cores) set the pace.
+
+Per snapshot size and round, in one run, one row per way:
+  one_link    one copy over one link: a reader on node 1 ``ray.get``s an object put on the head (the floor of
+              any fan-out: size / link rate, plus Ray's own cost); ``floor_s`` is size / rate alone
+  ray_get     Ray's broadcast: ``ray.get`` of one ``ray.put`` object by a reader on every other node at once
+  policystore the store: published on the head, then ``get`` by a reader on every other node at once; every
+              node ends with its own copy, checked (``verified``: every node's ``verify`` found its hot copy good)
+Columns: total_s (until every node has it), node_p50_s / node_max_s, x_one_link (total_s over the one_link row
+of the same size and round), x_ray_get (over the ray_get row), sent_mib_max / recv_mib_max (the busiest node's
+bytes on its link during that way's transfer, from the namespace's eth0 counters) and, in ``bytes`` rows, every
+node's sent and received MiB.
+
+Needs root with CAP_NET_ADMIN (see ``benchmarks.netbed``); --quick: 3 nodes, 4 MiB, 200 Mbit/s, one round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from . import harness
+from .harness import MiB
+from .netbed import Testbed, unavailable
+
+log = logging.getLogger("benchmarks.fanout_net")
+WAYS = ("one_link", "ray_get", "policystore")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.make_parser("fanout_net", __doc__)
+    parser.add_argument("--nodes", type=int, default=8, help="Ray nodes, one per namespace (%(default)s)")
+    parser.add_argument("--rate-mbit", type=float, default=500, help="every link, both ways (%(default)s)")
+    parser.add_argument("--sizes-mib", type=harness.int_list, default=[64, 256], help="(%(default)s)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per size (%(default)s)")
+    parser.add_argument("--tag", default=None, help="the testbed's name tag (default: random)")
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.sizes_mib, args.rate_mbit, args.rounds = 3, [4], 200, 1
+    harness.setup_logging(args.verbose)
+    if args.inside:
+        return drive(args)
+    reason = unavailable()
+    if reason:
+        sys.exit(f"fanout_net: {reason}")
+    results = harness.Results("fanout_net", args, {k: str(v) for k, v in vars(args).items() if k != "out"})
+    store_mib = max(256, 4 * max(args.sizes_mib))
+    extra = {"tag": args.tag} if args.tag else {}
+    with Testbed(args.nodes, args.rate_mbit, object_store_mib=store_mib, num_cpus=1, **extra) as bed:
+        log.info("testbed %s: %d nodes at %s Mbit/s up, load %s", bed.tag, args.nodes, args.rate_mbit,
+                 harness.load_average())
+        inner = [sys.executable, "-m", "benchmarks.fanout_net", "--inside", "--out", str(bed.temp_dir / "inner"),
+                 "--nodes", str(args.nodes), "--rate-mbit", str(args.rate_mbit),
+                 "--sizes-mib", ",".join(map(str, args.sizes_mib)), "--rounds", str(args.rounds)]
+        with bed.popen(inner, stdout=subprocess.PIPE, text=True) as driver:
+            for line in driver.stdout:
+                if line.startswith("{"):
+                    row = json.loads(line)
+                    row.pop("benchmark", None)
+                    row.pop("loadavg_1m", None)
+                    results.emit(row)
+        if driver.returncode:
+            sys.exit(f"fanout_net: the driver in the testbed failed ({driver.returncode}); see its log above")
+    results.finish(["way", "nodes", "rate_mbit", "snapshot_mib", "round", "total_s", "floor_s", "x_one_link",
+                    "x_ray_get", "sent_mib_max", "recv_mib_max", "verified", "loadavg_1m"])
+
+
+# ---- the driver, inside the head's namespace ----------------------------------------------------------------
+def drive(args) -> None:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    import policystore
+    from policystore.config import StoreConfig
+
+    results = harness.Results("fanout_net", args, {})
+    ray.init(address=os.environ["NETBED_ADDRESS"], logging_level=logging.WARNING, log_to_driver=False)
+    spill = Path(os.environ["NETBED_TEMP_DIR"]) / "spill"
+    try:
+        stores = policystore.connect_all(StoreConfig(spill_dir=str(spill)))
+        head = ray.get_runtime_context().get_node_id()
+        others = [n for n in stores if n != head]
+
+        def on(node: str):
+            return Probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+
+        source, readers = on(head), [on(n) for n in others]
+        probes = [source, *readers]
+        ray.get([p.node.remote() for p in probes])
+        warm = ray.get(source.publish.remote("fanout_warmup", MiB, 0))  # untimed: leases, handles between stores
+        ray.get([r.fetch.remote("fanout_warmup", warm) for r in readers])
+        ray.get([r.get.remote(ray.get(source.put.remote(MiB, 0))) for r in readers])
+        for mib in args.sizes_mib:
+            nbytes = mib * MiB
+            floor = nbytes * 8 / (args.rate_mbit * 1e6)
+            for round_ in range(args.rounds):
+                rows: dict[str, dict[str, Any]] = {}
+                for way in WAYS:
+                    before = ray.get([p.link_bytes.remote() for p in probes])
+                    verified = None
+                    if way == "policystore":
+                        version = ray.get(source.publish.remote(f"fanout_{mib}", nbytes, round_))
+                        start = time.perf_counter()
+                        per_node = ray.get([r.fetch.remote(f"fanout_{mib}", version) for r in readers])
+                        total = time.perf_counter() - start
+                        verified = all(ray.get([r.verify.remote(f"fanout_{mib}", version) for r in readers]))
+                    else:
+                        refs = ray.get(source.put.remote(nbytes, round_))
+                        start = time.perf_counter()
+                        takers = readers[:1] if way == "one_link" else readers
+                        per_node = ray.get([r.get.remote(refs) for r in takers])
+                        total = time.perf_counter() - start
+                        del refs
+                        ray.get(source.drop.remote())
+                    after = ray.get([p.link_bytes.remote() for p in probes])
+                    sent = [(a[0] - b[0]) / MiB for a, b in zip(after, before, strict=True)]
+                    recv = [(a[1] - b[1]) / MiB for a, b in zip(after, before, strict=True)]
+                    rows[way] = {"row": "fanout", "way": way, "nodes": len(stores), "rate_mbit": args.rate_mbit,
+                                 "snapshot_mib": mib, "round": round_, "total_s": total, "floor_s": floor,
+                                 "node_p50_s": statistics.median(per_node), "node_max_s": max(per_node),
+                                 "sent_mib_max": max(sent), "recv_mib_max": max(recv), "verified": verified}
+                    results.emit({"row": "bytes", "way": way, "snapshot_mib": mib, "round": round_,
+                                  "sent_mib": [round(s, 1) for s in sent], "recv_mib": [round(r, 1) for r in recv]})
+                    if way == "policystore":
+                        stores[head].delete(f"fanout_{mib}", version)  # its memory and disk back for the next round
+                for row in rows.values():
+                    row["x_one_link"] = row["total_s"] / rows["one_link"]["total_s"]
+                    row["x_ray_get"] = row["total_s"] / rows["ray_get"]["total_s"]
+                    results.emit(row)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+@ray.remote(num_cpus=0.01)
+class Probe:
+    """One process on one node: publishes or reads through the node's store, or puts/gets a raw object."""
+
+    def node(self) -> str:
+        import policystore
+
+        policystore.connect()
+        return ray.get_runtime_context().get_node_id()
+
+    def publish(self, policy_id: str, nbytes: int, value: int) -> int:
+        import policystore
+
+        weights = {"w": np.full(nbytes // 4, value, dtype=np.float32)}
+        return policystore.connect().publish(policy_id, weights).version
+
+    def fetch(self, policy_id: str, version: int) -> float:
+        import policystore
+
+        start = time.perf_counter()
+        snap = policystore.connect().get(policy_id, version)
+        assert snap.id.version == version
+        return time.perf_counter() - start
+
+    def verify(self, policy_id: str, version: int) -> bool:
+        import policystore
+
+        return policystore.connect().verify(policy_id, version).hot is True
+
+    def put(self, nbytes: int, value: int) -> list:
+        self.obj = np.full(nbytes // 4, value, dtype=np.float32)
+        return [ray.put(self.obj)]
+
+    def drop(self) -> None:
+        self.obj = None
+
+    def get(self, refs: list) -> float:
+        start = time.perf_counter()
+        array = ray.get(refs[0])
+        assert array.nbytes > 0
+        return time.perf_counter() - start
+
+    def link_bytes(self) -> tuple[int, int]:
+        """(sent, received) bytes on this node's link (its namespace's eth0)."""
+        stats = Path("/sys/class/net/eth0/statistics")
+        return int((stats / "tx_bytes").read_text()), int((stats / "rx_bytes").read_text())
+
+
+if __name__ == "__main__":
+    main()
