@@ -7,10 +7,10 @@ main agent against OpenSpiel's MCTS(100) at a few points of the run, played afte
 memory report under RUN_DIR/report/.
 
 examples:
-  python -m policystore.trainer --run-dir runs/demo                 # default run (see --minutes)
-  python -m policystore.trainer --run-dir runs/demo --resume --minutes 2
-  python -m policystore.trainer.evaluate --run-dir runs/demo        # win rates vs random and win/block, both seats
-  python -m policystore.trainer.play --run-dir runs/demo            # play against the main agent in the terminal
+  python -m policystore.trainer --run-dir runs/quickstart            # default run (see --minutes)
+  python -m policystore.trainer --run-dir runs/quickstart --resume --minutes 2
+  python -m policystore.trainer.evaluate --run-dir runs/quickstart   # win rates vs scripted players, both seats
+  python -m policystore.trainer.play --run-dir runs/quickstart       # play against the main agent in the terminal
 """
 
 from __future__ import annotations

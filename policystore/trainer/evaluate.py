@@ -1,10 +1,10 @@
 """Strength of a trained agent against fixed opponents, over both seats, with a 95% confidence interval.
 
-    python -m policystore.trainer.evaluate --run-dir runs/demo   # main vs random and win/block, 1000 games per seat
-    python -m policystore.trainer.evaluate --run-dir runs/demo --player main_exploiter_0 --games 500
-    python -m policystore.trainer.evaluate --run-dir runs/demo --search 64       # the agent plays with a PUCT search
-    python -m policystore.trainer.evaluate --run-dir runs/demo --opponents mcts100,mcts1000 --games 50  # OpenSpiel MCTS
-    python -m policystore.trainer.evaluate --run-dir runs/demo --judge 200   # a perfect solver judges 200 positions
+    python -m policystore.trainer.evaluate --run-dir runs/quickstart   # main_0 vs scripted players, 1000 games per seat
+    python -m policystore.trainer.evaluate --run-dir runs/quickstart --player main_exploiter_0 --games 500
+    python -m policystore.trainer.evaluate --run-dir runs/quickstart --search 64    # the agent plays with a PUCT search
+    python -m policystore.trainer.evaluate --run-dir runs/quickstart --opponents mcts100,mcts1000 --games 50
+    python -m policystore.trainer.evaluate --run-dir runs/quickstart --judge 200    # a perfect solver judges 200 moves
 
 Opponents: the game's scripted players (Connect Four: ``random``; ``winblock``: win if you can, block if you must;
 ``safe``: win/block that never opens a cell where the opponent wins) and, for Connect Four with the ``openspiel``

@@ -1,8 +1,8 @@
 """Play Connect Four against a trained agent in the terminal.
 
-    python -m policystore.trainer.play --run-dir runs/demo              # you move first
-    python -m policystore.trainer.play --run-dir runs/demo --second     # the agent moves first
-    python -m policystore.trainer.play --run-dir runs/demo --search 256 # the agent searches 256 simulations per move
+    python -m policystore.trainer.play --run-dir runs/quickstart               # you move first
+    python -m policystore.trainer.play --run-dir runs/quickstart --second      # the agent moves first
+    python -m policystore.trainer.play --run-dir runs/quickstart --search 256  # the agent searches 256 simulations
 """
 
 from __future__ import annotations
