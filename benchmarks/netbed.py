@@ -210,3 +210,25 @@ def leftovers(tag: str) -> list[str]:
     found += [line.split(":")[1].strip() for line in links.splitlines() if f"psnb-{tag}" in line]
     found += [str(p) for p in Path(tempfile.gettempdir()).glob(f"psnb-{tag}-*")]
     return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``--check``: print why no testbed can be built here (exit 3), or nothing; ``--leftovers TAG``: print what a
+    testbed with that tag left behind, as a JSON list (for tests, which import no benchmark module)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.netbed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="can a testbed be built here?")
+    parser.add_argument("--leftovers", metavar="TAG", help="what the testbed tagged TAG left behind")
+    args = parser.parse_args(argv)
+    if args.leftovers:
+        print(json.dumps(leftovers(args.leftovers)))
+    if args.check and (reason := unavailable()):
+        print(reason)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

@@ -16,10 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.netbed import leftovers, unavailable
-
 ROOT = Path(__file__).resolve().parents[2]
-REASON = unavailable()
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def netbed(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.netbed", *args], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=60)
+
+
+CHECK = netbed("--check")
+REASON = CHECK.stdout.strip() if CHECK.returncode else None
 RECORD = Path("/tmp/ray/ray_current_cluster")
 
 
@@ -29,7 +36,7 @@ def test_quick_network_fanout_gives_every_node_its_own_copy_and_leaves_nothing(t
     record_before = RECORD.read_text() if RECORD.exists() else None
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.fanout_net", "--quick", "--tag", tag, "--out", str(tmp_path / "out")],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
@@ -43,5 +50,5 @@ def test_quick_network_fanout_gives_every_node_its_own_copy_and_leaves_nothing(t
     # the shaped links carried the copies: each reader's node received the snapshot over its own link
     assert all(mib >= size for mib in moved["policystore"]["recv_mib"][1:]), moved["policystore"]
     assert all(mib >= size for mib in moved["ray_get"]["recv_mib"][1:]), moved["ray_get"]
-    assert leftovers(tag) == []
+    assert json.loads(netbed("--leftovers", tag).stdout) == []
     assert (RECORD.read_text() if RECORD.exists() else None) == record_before
