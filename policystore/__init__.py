@@ -19,6 +19,8 @@ from .errors import PolicyStoreError
 from .ids import SnapshotId
 from .wire import SnapshotInfo, StoreStats, VerifyReport
 
+__version__ = "0.1.0"
+
 if TYPE_CHECKING:
     from .client import PolicyStore, connect, connect_all
     from .reader import FileInfo, FolderReader, open_folder

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .extras import needs
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ class StoreConfig:
                 raise ConfigError(f"StoreConfig.{name} must be a number of seconds in (0, 86400], got {value!r}")
         if self.league is not None:
             check_league(self.league)
+        if self.durable_uri is not None:  # said here, in the process that asked for it, not in a store's log
+            with needs("durable", "StoreConfig.durable_uri"):
+                import pyarrow.fs  # noqa: F401
 
     def publish_timeout_s(self, nbytes: int) -> float:
         """The deadline of a publish of ``nbytes``: ``call_timeout_s`` plus one second per 16 MiB (a durable publish

@@ -36,8 +36,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.fs as pafs
 
 from .errors import (
     CorruptSnapshotError,
@@ -46,6 +44,7 @@ from .errors import (
     InvalidWeightsError,
     SnapshotLostError,
 )
+from .extras import missing_extra
 from .format import (
     META_POLICY,
     Expected,
@@ -56,6 +55,15 @@ from .format import (
 )
 from .ids import SnapshotId, check_policy_id, check_version
 from .wire import Summary
+
+try:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+except ImportError as exc:  # the marker format below serves the Ray-free reader without it; open() says what to install
+    pa = pafs = None
+    _NO_PYARROW: ImportError | None = exc
+else:
+    _NO_PYARROW = None
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +128,8 @@ class DurableTier:
         from the environment, as for any pyarrow filesystem."""
         if not isinstance(uri, str) or not uri:
             raise DurableTierError(f"durable_uri must be a non-empty string, got {uri!r}")
+        if _NO_PYARROW is not None:
+            raise missing_extra("durable", "the durable tier", _NO_PYARROW)
         if "://" not in uri:
             return cls(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri)), uri=uri)
         shown = _without_credentials(uri)

@@ -98,6 +98,11 @@ class WriteProtectionError(PolicyStoreError, OSError):
     of every process on the node."""
 
 
+class MissingExtraError(PolicyStoreError, ImportError):
+    """A part of policystore whose optional dependencies are not installed; the message names the extra that
+    brings them (``pip install 'policystore[rllib]'``)."""
+
+
 def brief(exc: BaseException, limit: int = 200) -> str:
     """The first line of ``exc``'s message, at most ``limit`` characters ("" for none): enough to name a problem
     inside a log line or a report without pasting a remote traceback into it."""

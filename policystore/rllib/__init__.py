@@ -10,6 +10,11 @@ The lines a user changes::
 See docs/rllib.md for what is guaranteed and the known limits.
 """
 
+from ..extras import needs
+
+with needs("rllib", "policystore.rllib"):
+    import ray.rllib  # noqa: F401  (ray[rllib]'s own dependencies: dm-tree, gymnasium, pandas, ...)
+
 from .callback import PolicyStoreCallback
 from .connectors import DropModulesNotOnLearner
 from .env_runner import SharedEnvRunner, SharedModulesMixin

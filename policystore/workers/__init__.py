@@ -3,3 +3,8 @@
 They import only the rules (``league``) and the store (``policystore``), never the trainer: anything that hands
 them a league actor and learner handles can drive them.
 """
+
+from policystore.extras import needs
+
+with needs("trainer", "policystore.workers"):
+    import gymnasium  # noqa: F401  (the league's games)
