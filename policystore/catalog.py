@@ -75,8 +75,8 @@ VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version 
 MAX_WATCH_S = 60.0
 MAX_EVENTS = 1000  # per watch answer; the watcher asks again from the answer's seq
 EVENT_LOG_KEEP = 10_000  # events kept for watchers that fall behind; older ones get a reset
-# The highest version the catalog takes from a store or a marker: far beyond any real league, and leaves room for
-# the version counters (version + a block) inside sqlite's 64-bit integers.
+# The highest version the catalog hands out or takes from a store or a marker: far beyond any real league, and
+# leaves room for the version counters (version + a block) inside sqlite's 64-bit integers.
 MAX_REPORTED_VERSION = 2**62
 REBUILD_WAIT_S = 30.0  # how long a catalog with a new database waits for the live stores' holdings
 
@@ -592,6 +592,9 @@ class CatalogServer:
     def _next_version(self, db: Any, policy_id: str) -> int:
         row = db.execute("SELECT next, ceiling FROM policies WHERE pid = ?", (policy_id,)).fetchone()
         version, ceiling = row or (1, 0)
+        if version > MAX_REPORTED_VERSION:  # a version no store could report back after a restart
+            raise InvalidPolicyIdError(f"policy {policy_id!r} has used every version up to {MAX_REPORTED_VERSION}: "
+                                       "publish under a new policy id")
         if version > ceiling:
             ceiling = version + VERSION_BLOCK - 1
         db.execute("INSERT INTO policies (pid, next, ceiling, latest) VALUES (?, ?, ?, 0) ON CONFLICT (pid) "

@@ -5,9 +5,9 @@ Any URI ``pyarrow.fs.FileSystem.from_uri`` understands works (``s3://bucket/pref
 two steps that need neither:
 
 1. its bytes (the safetensors buffer, unchanged) go to an immutable data object under a name used once,
-   ``<root>/<policy_id>/<version:010d>.<token>.safetensors``; the writer checksums the bytes as they leave and
-   checks the stored object's size;
-2. then a small commit marker, ``<root>/<policy_id>/<version:010d>.commit.json``, names that data object with its
+   ``<root>/<policy_id>/<version>.<token>.safetensors`` (names: ``filenames.py``); the writer checksums the bytes
+   as they leave and checks the stored object's size;
+2. then a small commit marker, ``<root>/<policy_id>/<version>.commit.json``, names that data object with its
    size, its checksum and the snapshot's summary. A publish writes it only after the catalog's commit (the one
    commit point, ``write(before_marker=...)``), so a marker never names a version the cluster did not commit.
 
@@ -16,7 +16,7 @@ it read), so an upload that died halfway, or a data object without its marker, i
 The markers alone describe the league: ``list_committed`` lets a fresh catalog rebuild every policy and version
 from the URI, with one listing and one small read per snapshot (no data is read).
 
-A delete leaves a tombstone, ``<root>/<policy_id>/<version:010d>.deleted.json``, before it removes the marker and
+A delete leaves a tombstone, ``<root>/<policy_id>/<version>.deleted.json``, before it removes the marker and
 the data, and it is never removed: an upload still in flight somewhere (a node spilling a copy in the background,
 a write that outlived its deadline) may commit the snapshot again after the delete, and the tombstone keeps it
 deleted for every reader and for any catalog rebuilt from the URI (such a write also undoes itself when it sees
@@ -45,6 +45,7 @@ from .errors import (
     SnapshotLostError,
 )
 from .extras import missing_extra
+from .filenames import parse_name, split_name, version_name
 from .format import (
     META_POLICY,
     Expected,
@@ -101,7 +102,7 @@ class Commit:
         commit = cls(**json.loads(body))
         if not (commit.id == sid and isinstance(commit.nbytes, int) and isinstance(commit.checksum, str)
                 and isinstance(commit.object, str) and posixpath.basename(commit.object) == commit.object
-                and commit.object.startswith(f"{sid.version:010d}.") and commit.object.endswith(DATA_SUFFIX)):
+                and data_version(commit.object) == sid.version):
             raise ValueError(f"it does not describe {sid}")
         return commit
 
@@ -145,7 +146,7 @@ class DurableTier:
 
     def _path(self, sid: SnapshotId, suffix: str = MARKER_SUFFIX) -> str:
         """Where ``sid``'s commit marker (or, by ``suffix``, its tombstone) lives."""
-        return posixpath.join(self._folder(sid.policy_id), f"{check_version(sid.version):010d}{suffix}")
+        return posixpath.join(self._folder(sid.policy_id), version_name(sid.version, suffix))
 
     # ---- writing -------------------------------------------------------------------------------------------
     def write(self, sid: SnapshotId, buf: np.ndarray, header: Header, *,
@@ -177,7 +178,7 @@ class DurableTier:
                 f"{what} is already committed with checksum {existing.checksum}, not {header.checksum}"
             )
         folder = self._folder(sid.policy_id)
-        name = f"{sid.version:010d}.{uuid.uuid4().hex}{DATA_SUFFIX}"
+        name = version_name(sid.version, f".{uuid.uuid4().hex}{DATA_SUFFIX}")
         path = posixpath.join(folder, name)
         committing = False
         try:
@@ -352,9 +353,8 @@ class DurableTier:
         if not self._delete_quietly(marker):
             raise DurableTierError(f"could not remove the commit marker {marker} of {sid} from {self.uri}")
         selector = pafs.FileSelector(folder, allow_not_found=True)
-        prefix = f"{sid.version:010d}."
         for info in _io(lambda: self.fs.get_file_info(selector), f"list {folder}"):
-            if info.base_name.startswith(prefix) and info.base_name.endswith(DATA_SUFFIX):
+            if data_version(info.base_name) == sid.version:
                 self._delete_quietly(info.path)
 
     def _delete_quietly(self, path: str) -> bool:
@@ -399,8 +399,15 @@ def _without_credentials(uri: str) -> str:
 
 def marker_version(name: str, suffix: str = MARKER_SUFFIX) -> int | None:
     """The version whose marker (or, by ``suffix``, tombstone) is called ``name``, if it is one."""
-    stem = name.removesuffix(suffix)
-    return int(stem) if name.endswith(suffix) and stem.isdigit() and int(stem) > 0 else None
+    return parse_name(name, suffix)
+
+
+def data_version(name: str) -> int | None:
+    """The version a data object called ``name`` (``<version>.<token>.safetensors``) belongs to, if it is one."""
+    parsed = split_name(name)
+    if parsed is None or not parsed[1].endswith(DATA_SUFFIX) or parsed[1].count(".") != 2:
+        return None
+    return parsed[0]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -31,8 +31,9 @@ import numpy as np
 
 from .durable import DurableTier
 from .errors import DurableTierError, PolicyStoreError
+from .filenames import version_name, version_of
 from .format import Header
-from .ids import SnapshotId, check_policy_id, check_version
+from .ids import SnapshotId, check_policy_id
 
 log = logging.getLogger(__name__)
 
@@ -214,12 +215,13 @@ class DurableQueue:
 
 
 def _record_name(sid: SnapshotId) -> str:
-    return f"{sid.policy_id}@{sid.version:010d}"
+    return f"{sid.policy_id}@{version_name(sid.version)}"
 
 
 def _parse_record(name: str) -> SnapshotId | None:
-    policy_id, _, version = name.rpartition("@")
+    policy_id, _, stem = name.rpartition("@")
+    version = version_of(stem)
     try:
-        return SnapshotId(check_policy_id(policy_id), check_version(int(version)))
-    except (ValueError, PolicyStoreError):
+        return SnapshotId(check_policy_id(policy_id), version) if version is not None else None
+    except PolicyStoreError:
         return None

@@ -6,7 +6,7 @@
     weights = folder.tensors("main_0", 2)               # version 2 as plain tensors, yours to change
     folder.verify()                                     # [] when every file is whole, else one line per problem
 
-Two layouts are understood, both ``<folder>/<policy_id>/<version:010d>...``: the spill tier's
+Two layouts are understood, both ``<folder>/<policy_id>/<version>...`` (``filenames.py``): the spill tier's
 ``.safetensors[.lz4]`` files, and the durable tier's ``.commit.json`` markers, each naming a ``.safetensors`` data
 object with the checksum it must have. Everything served is verified first (checksum, and the policy id and version
 recorded in the file); nothing is written, moved or deleted, and no symlink inside the folder is followed.

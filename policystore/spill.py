@@ -1,4 +1,4 @@
-"""The disk tier: one file per snapshot, ``<root>/<policy_id>/<version:010d>.safetensors[.lz4]``.
+"""The disk tier: one file per snapshot, ``<root>/<policy_id>/<version>.safetensors[.lz4]`` (``filenames.py``).
 
 Each file is written and read by the snapshot-file codec (``snapfile.py``). Writes go to a temp file in the same
 folder, are fsync'd, and are renamed into place by ``commit`` (then the folder is fsync'd): a crash leaves either
@@ -17,7 +17,6 @@ import errno
 import json
 import logging
 import os
-import re
 import stat
 import time
 import uuid
@@ -33,6 +32,7 @@ import numpy as np
 from . import snapfile
 from .config import LEAGUES  # other leagues' folders under a shared spill root
 from .errors import CorruptSnapshotError, DiskFullError, InvalidPolicyIdError, SnapshotFolderError
+from .filenames import parse_name, version_name
 from .format import Background, Expected, Header, check_identity
 from .ids import SnapshotId, check_policy_id
 from .snapfile import LZ4_SUFFIX, RAW_SUFFIX, READ_FLAGS, NotTheFile, SpillFile
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 QUARANTINE = ".quarantine"  # not a valid policy id, so it never clashes with a policy's folder
 TOMBSTONES = ".tombstones"  # deletes the durable tier has not taken yet (durable_queue.py), for a restarted store
 CATALOG_PREFIX = "_catalog"  # the catalog's database (and any damaged copy set aside) may share the spill root
-_FILE = re.compile(r"(\d{10})(\.safetensors(?:\.lz4)?)")
 _TMP_PREFIX = ".tmp-"
 _REASON_SUFFIX = ".reason.json"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -73,15 +72,16 @@ class Survey:
 
 # ---- layout ------------------------------------------------------------------------------------------------
 def file_name(version: int, compressed: bool) -> str:
-    return f"{version:010d}{LZ4_SUFFIX if compressed else RAW_SUFFIX}"
+    return version_name(version, LZ4_SUFFIX if compressed else RAW_SUFFIX)
 
 
 def parse_file_name(name: str) -> tuple[int, bool] | None:
     """(version, compressed) of a committed snapshot file name, else None."""
-    match = _FILE.fullmatch(name)
-    if not match or int(match.group(1)) < 1:
-        return None
-    return int(match.group(1)), match.group(2) == LZ4_SUFFIX
+    for suffix in (LZ4_SUFFIX, RAW_SUFFIX):
+        version = parse_name(name, suffix)
+        if version is not None:
+            return version, suffix == LZ4_SUFFIX
+    return None
 
 
 def open_folder_fd(path: str | os.PathLike, *, follow: bool) -> int:
