@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from policystore.server import SERVES_PER_SNAPSHOT
+from policystore.transfer import FANOUT as SERVES_PER_SNAPSHOT
 
 from . import harness
 from .harness import MiB

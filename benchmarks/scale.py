@@ -47,7 +47,7 @@ import ray
 
 from policystore.catalog import CONCURRENCY_GROUPS, CatalogServer
 from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
-from policystore.server import SERVES_PER_SNAPSHOT
+from policystore.transfer import FANOUT as SERVES_PER_SNAPSHOT
 from policystore.wire import Summary
 
 from . import harness
@@ -259,7 +259,7 @@ def fanout(results: harness.Results, args) -> None:
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         if args.serves_per_snapshot:  # e.g. the node count: every store fetches from the publisher (a star)
             ray.get([ray.get_actor(store_name(n), namespace=NAMESPACE).__ray_call__.remote(
-                lambda self, limit=args.serves_per_snapshot: setattr(self, "serves_per_snapshot", limit))
+                lambda self, limit=args.serves_per_snapshot: setattr(self.relay, "fanout", limit))
                 for n in nodes])
         head = cluster.head_node.node_id
 

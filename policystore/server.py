@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import threading
 import time
 import uuid
@@ -66,10 +65,11 @@ from .holders import HolderBatch
 from .hot import HotTier
 from .ids import SnapshotId, check_policy_id, check_version
 from .metrics import COUNTERS, StoreMetrics
-from .protect import open_shared, shareable
+from .protect import open_shared, shareable, unwrap
 from .snapfile import SpillFile
 from .spill import TOMBSTONES, DiskTier
 from .staging import StagingMaps
+from .transfer import Relay, Route
 from .watch import Bell, Feed, node_doorbell
 from .wire import (
     DURABLE,
@@ -79,7 +79,6 @@ from .wire import (
     HotSnapshot,
     Reconciled,
     Ring,
-    Served,
     SnapshotInfo,
     StoreEvents,
     StoreStats,
@@ -99,9 +98,6 @@ _FETCH_TIMEOUT_S = 120.0
 _CATALOG_RETRY_S = 60.0
 _CATALOG_DOWN = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
 _GAUGE_INTERVAL_S = 2.0
-# Copies of one snapshot a store hands to other nodes' stores before it points further fetchers at the nodes it
-# served: a new snapshot spreads as a tree (about log3(nodes) rounds) and no node sends more than this many.
-SERVES_PER_SNAPSHOT = 3
 HOLD_INTERVAL_S = 0.5  # the holder changes of one interval go to the catalog in one call
 # How long a fetch of a version this store has not heard committed waits for its catalog follower (whose answer
 # carries the entry) before it asks the catalog instead.
@@ -185,8 +181,7 @@ class StoreServer:
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="policystore-spill")
         self._counters: Counter[str] = Counter()
-        self._served: dict[SnapshotId, list[str]] = {}  # per snapshot, the nodes this store handed a copy to
-        self.serves_per_snapshot = SERVES_PER_SNAPSHOT
+        self.relay = Relay(ray.util.get_node_ip_address(), self._whole_copy)  # other nodes fetch from here
         self.holders = HolderBatch(self._send_holders, HOLD_INTERVAL_S)
         self.uploads = _open_queue(self)
         self._high: dict[str, int] = {}  # per policy, the highest version seen handed out (see ``holdings``)
@@ -646,36 +641,18 @@ class StoreServer:
                 entry.file = None
                 entry.spill_error = str(exc)
 
-    def serve(self, policy_id: str, version: int, requester: str, force: bool = False) -> Served:
-        """This node's copy of a snapshot for another node's store (``requester``) that fetches it.
+    def route(self, policy_id: str, version: int, requester: str, force: bool = False) -> Route:
+        """Where another node's store (``requester``) gets its copy of a snapshot: from this node, or from the node
+        named instead (``transfer.Relay.route``)."""
+        return self.relay.route(SnapshotId(check_policy_id(policy_id), check_version(version)), requester, force)
 
-        Once this store has served ``SERVES_PER_SNAPSHOT`` nodes with this snapshot it answers with those nodes
-        instead (they hold it, or will as soon as their fetch lands: each serves in turn), so a new snapshot spreads
-        as a tree, not a star. ``force``: serve anyway (the requester found none of those nodes able to). A store
-        that is still fetching the snapshot serves once its own copy lands; it never starts a fetch for a peer."""
-        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+    def _whole_copy(self, sid: SnapshotId) -> np.ndarray | None:
+        """This node's whole copy of ``sid`` (restored into memory if only on disk) for a peer, or None."""
         with self._lock:
-            served = self._served.setdefault(sid, [])
-            fresh = requester not in served
-            if fresh and len(served) >= self.serves_per_snapshot and not force:
-                return Served(None, tuple(served))
-            if fresh:
-                served.append(requester)  # taken now, so that fetchers arriving meanwhile go elsewhere
-            entry = self._policies.get(policy_id, {}).get(version)
-            landing = self._inflight.get(sid)
-        try:
-            if entry is None and landing is None:
-                raise SnapshotLostError(f"node {self.node_id} holds no copy of {sid}")
-            hot = self._resolve(policy_id, version) if entry is not None else landing.result(_FETCH_TIMEOUT_S)
-        except BaseException:
-            with self._lock:
-                if fresh and requester in self._served.get(sid, ()):
-                    self._served[sid].remove(requester)
-            raise
-        if fresh:
-            with self._lock:
-                self._count("served")
-        return Served(hot)
+            entry = self._policies.get(sid.policy_id, {}).get(sid.version)
+        if entry is None or entry.corrupt:
+            return None
+        return unwrap(ray.get(self._copy_of(sid).refs[0], timeout=_FETCH_TIMEOUT_S))
 
     def _fetch(self, sid: SnapshotId, info: CatalogEntry) -> HotSnapshot:
         """Copy a snapshot this node lacks from a node that holds it (or the durable tier): once per node."""
@@ -726,39 +703,21 @@ class StoreServer:
 
     def _from_peers(self, sid: SnapshotId, info: CatalogEntry, problems: list[str]
                     ) -> tuple[HotSnapshot, Header] | None:
-        """This node's own copy, fetched from another node's store, or None (``problems`` says why).
+        """This node's own copy, streamed from other nodes' stores as a pipeline (``transfer``), or None
+        (``problems`` says why)."""
+        def ask(node: str, force: bool) -> Route:
+            peer = ray.get_actor(store_name(node, self.league), namespace=NAMESPACE)
+            return ray.get(peer.route.remote(*sid, self.node_id, force), timeout=self.config.call_timeout_s)
 
-        The catalog's holders are asked in random order; one that has served its share points at the nodes it
-        served, which are asked next (so new holders are sources at once, before the catalog lists them). Only if
-        none of them can serve is a holder asked to serve beyond its share."""
-        ask = [h for h in info.holders if h not in (self.node_id, DURABLE)]
-        random.shuffle(ask)
-        asked: set[str] = set()
-        full: list[str] = []  # holders that pointed elsewhere: asked again, with force, as a last resort
-        while ask or full:
-            force = not ask
-            holder = ask.pop(0) if ask else full.pop(0)
-            if holder in asked and not force:
-                continue
-            asked.add(holder)
-            try:
-                peer = ray.get_actor(store_name(holder, self.league), namespace=NAMESPACE)
-                served: Served = ray.get(peer.serve.remote(*sid, self.node_id, force), timeout=_FETCH_TIMEOUT_S)
-                if served.snapshot is None:
-                    full.append(holder)
-                    others = [n for n in served.instead if n not in asked and n != self.node_id]
-                    random.shuffle(others)
-                    ask.extend(others)
-                    continue
-                # the bytes cross the network here, once
-                buf = open_shared(ray.get(served.snapshot.refs[0], timeout=_FETCH_TIMEOUT_S), strict=False)
-                try:
-                    return self._own_copy(sid, buf, info.summary.checksum, f"node {holder}")
-                finally:
-                    del buf
-            except Exception as exc:  # dead node or store, lost object, corrupt copy: try the next holder
-                problems.append(f"node {holder}: {type(exc).__name__}: {brief(exc)}")
-        return None
+        holders = [h for h in info.holders if h not in (self.node_id, DURABLE)]
+        buf = self.relay.fetch(sid, holders, ask, problems)  # the bytes cross the network here, once
+        if buf is None:
+            return None
+        try:
+            return self._own_copy(sid, buf, info.summary.checksum, "other nodes")
+        except CorruptSnapshotError as exc:
+            problems.append(brief(exc))
+            return None
 
     def _own_copy(self, sid: SnapshotId, buf: np.ndarray, checksum: str, source: str, *,
                   verified: bool = False) -> tuple[HotSnapshot, Header]:
@@ -818,8 +777,8 @@ class StoreServer:
                 quarantined=tuple(self.disk.quarantined()),
                 durable_failures=self.uploads.failures if self.uploads is not None else 0,
                 durable_error=self.uploads.last_error if self.uploads is not None else None,
-                served=self._counters["served"],
-                served_max_per_snapshot=max(map(len, self._served.values()), default=0),
+                served=self.relay.served,
+                served_max_per_snapshot=self.relay.served_most(),
                 **{k: self._counters[k] for k in (
                     "hits", "misses", "evictions", "restores", "fetches", "publishes", "spill_errors", "corrupt_reads"
                 )},
@@ -863,7 +822,7 @@ class StoreServer:
         with self._lock:
             entry = self._policies.get(policy_id, {}).pop(version, None)
             self.hot.remove(SnapshotId(policy_id, version))
-            self._served.pop(SnapshotId(policy_id, version), None)
+            self.relay.forget(SnapshotId(policy_id, version))
             if policy_id in self._policies and not self._policies[policy_id]:
                 del self._policies[policy_id]
         if entry is not None:

@@ -71,15 +71,6 @@ class HotSnapshot:
 
 
 @dataclass(frozen=True)
-class Served:
-    """A store's answer to another node's store that fetches a snapshot from it (``StoreServer.serve``): its copy,
-    or, once it has served its share of that snapshot, the nodes it served (they hold it, or will in a moment)."""
-
-    snapshot: HotSnapshot | None
-    instead: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class FeedEpoch:
     """Which feed a store's events belong to: a restarted store (a new ``store``) or a new catalog database (a new
     ``catalog``, "" until the store has heard from it) starts a new one, and the store's followers reset."""

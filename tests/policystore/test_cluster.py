@@ -140,30 +140,28 @@ def test_publish_on_one_node_fetch_once_per_node_and_agree(cluster):
     assert ray.get(on(d).get.remote("agree", 1)) == (1, 1.0, 1.0)
 
 
-def test_fanout_is_a_tree_with_bounded_serves_and_batched_holds(cluster):
-    """With each store allowed to serve one node per snapshot, the second fetcher is pointed at the first: its copy
-    comes from a node that is not the publisher, and no node serves more than its share. The holders reach the
-    catalog in batches (update_holders), never one hold per fetch."""
+def test_fanout_is_a_chain_with_bounded_serves_and_batched_holds(cluster):
+    """Each store serves one node per snapshot (a chain): the second fetcher is pointed at the first, whose copy
+    may still be landing, so its copy comes from a node that is not the publisher, and no node serves more than
+    its share. The holders reach the catalog in batches (update_holders), never one hold per fetch."""
     c, _, _ = cluster
     a, b, d = node_ids(c)
     stores = [ray.get_actor(store_name(n), namespace=NAMESPACE) for n in (a, b, d)]
     catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
-    ray.get([s.__ray_call__.remote(lambda self: setattr(self, "serves_per_snapshot", 1)) for s in stores])
-    try:
-        assert ray.get(on(a).publish.remote("tree", 4, mib=4)) == 1
-        before = [ray.get(s.stats.remote()) for s in stores]
-        calls_before = ray.get(catalog.health.remote()).calls
-        assert ray.get([on(n).get.remote("tree") for n in (b, d)]) == [(1, 4.0, 4.0)] * 2
-        after = [ray.get(s.stats.remote()) for s in stores]
-        served = [x.served - y.served for x, y in zip(after, before, strict=True)]
-        assert [x.fetches - y.fetches for x, y in zip(after, before, strict=True)] == [0, 1, 1]
-        assert served[0] == 1 and sorted(served[1:]) == [0, 1]  # one fetcher was served by the other
-        ray.get([s.flush.remote() for s in stores])
-        assert {a, b, d} <= set(policystore.connect(node_id=a).list("tree")[0].holders)
-        calls = ray.get(catalog.health.remote()).calls
-        assert calls["update_holders"] > calls_before.get("update_holders", 0)
-    finally:
-        ray.get([s.__ray_call__.remote(lambda self: setattr(self, "serves_per_snapshot", 3)) for s in stores])
+    assert ray.get([s.__ray_call__.remote(lambda self: self.relay.fanout) for s in stores]) == [1, 1, 1]
+    assert ray.get(on(a).publish.remote("tree", 4, mib=4)) == 1
+    before = [ray.get(s.stats.remote()) for s in stores]
+    calls_before = ray.get(catalog.health.remote()).calls
+    assert ray.get([on(n).get.remote("tree") for n in (b, d)]) == [(1, 4.0, 4.0)] * 2
+    after = [ray.get(s.stats.remote()) for s in stores]
+    served = [x.served - y.served for x, y in zip(after, before, strict=True)]
+    assert [x.fetches - y.fetches for x, y in zip(after, before, strict=True)] == [0, 1, 1]
+    assert served[0] == 1 and sorted(served[1:]) == [0, 1]  # one fetcher was served by the other
+    ray.get([s.flush.remote() for s in stores])
+    assert {a, b, d} <= set(policystore.connect(node_id=a).list("tree")[0].holders)
+    calls = ray.get(catalog.health.remote()).calls
+    assert calls["update_holders"] > calls_before.get("update_holders", 0)
+    assert max(ray.get(s.stats.remote()).served_max_per_snapshot for s in stores) == 1
 
 
 def test_a_store_that_heard_the_commit_fetches_without_a_lookup_and_asks_when_its_hint_matches_no_copy(cluster):

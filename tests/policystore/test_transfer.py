@@ -1,0 +1,78 @@
+"""The node-to-node transfer (policystore.transfer) on loopback, without Ray: routing builds a chain (or a
+breadth-first tree), a node serves the bytes it is still receiving, a transfer resumes at its offset from another
+source when one fails mid-way, and a source without a copy is an error the fetch moves past."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from policystore.ids import SnapshotId
+from policystore.transfer import Landing, Relay, Route, key
+
+SID = SnapshotId("p", 3)
+
+
+def payload(n: int = 3 << 20) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8)
+
+
+def relay(copy=None, fanout: int = 1) -> Relay:
+    return Relay("127.0.0.1", lambda sid: copy if sid == SID else None, fanout)
+
+
+def test_routes_form_a_chain_and_a_breadth_first_tree():
+    chain = relay()
+    assert chain.route(SID, "b") == Route(address=chain.address)
+    assert chain.route(SID, "c") == Route(instead="b")
+    assert chain.route(SID, "d") == Route(instead="c")
+    assert chain.route(SID, "b") == Route(address=chain.address)  # asked again: the same answer
+    assert chain.route(SID, "e", force=True) == Route(address=chain.address)
+    assert chain.served_most() == 2
+    tree = relay(fanout=2)
+    answers = [tree.route(SID, n) for n in "bcdefgh"]
+    assert answers[:2] == [Route(address=tree.address)] * 2
+    assert [a.instead for a in answers[2:]] == ["b", "b", "c", "c", "d"]
+
+
+def test_a_node_serves_what_it_is_still_receiving():
+    data = payload()
+    a, b, c = relay(copy=data), relay(), relay()
+    got: dict[str, np.ndarray] = {}
+
+    def fetch(name: str, node: Relay, source: Relay) -> None:
+        got[name] = node.fetch(SID, ["x"], lambda _n, _f: Route(address=source.address), [])
+
+    first = threading.Thread(target=fetch, args=("b", b, a))
+    first.start()
+    while key(SID) not in b._landing:  # b's copy is landing (or about to): c streams from it
+        pass
+    fetch("c", c, b)
+    first.join()
+    assert np.array_equal(got["b"], data) and np.array_equal(got["c"], data)
+    assert b.served == 1 and a.served == 1
+
+
+def test_a_failed_source_costs_no_bytes_already_received():
+    data = payload()
+    whole, broken, fetcher = relay(copy=data), relay(), relay()
+    half = Landing()  # a source whose own transfer fails after 1 MiB
+    half.start(data.nbytes)
+    half.buf[: 1 << 20] = data[: 1 << 20]
+    half.landed(1 << 20)
+    broken._landing[key(SID)] = half
+    threading.Timer(0.3, half.fail, args=("its source died",)).start()
+    sources = iter([broken, whole])
+    problems: list[str] = []
+    got = fetcher.fetch(SID, ["broken", "whole"], lambda _n, _f: Route(address=next(sources).address), problems)
+    assert np.array_equal(got, data)
+    assert whole.sent_bytes == data.nbytes - (1 << 20)  # resumed at the offset it had
+    assert len(problems) == 1 and "closed the stream" in problems[0]
+
+
+def test_a_source_without_a_copy_is_skipped_and_none_is_an_error_not_a_wait():
+    empty, fetcher = relay(), relay()
+    problems: list[str] = []
+    assert fetcher.fetch(SID, ["empty"], lambda _n, _f: Route(address=empty.address), problems) is None
+    assert "SnapshotLostError" in problems[0] and "no copy of p@3" in problems[0]
