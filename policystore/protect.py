@@ -204,7 +204,7 @@ def _acquire(lo: int, hi: int, generation: object) -> int | None:
             _announced = True
             if not faulthandler.is_enabled():
                 faulthandler.enable(file=sys.stderr)
-            log.warning(
+            log.info(  # not a warning: every reader process gets here once and a job has many; the docs say it once
                 "policystore: snapshot pages are mapped read-only in this process (pid %d): a write into shared "
                 "weights by any route kills this process with SIGSEGV; take a private copy (tensor.clone()) to "
                 "change them", os.getpid(),

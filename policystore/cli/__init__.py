@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -289,7 +290,9 @@ COMMANDS: dict[str, tuple[Callable[..., int], str, str]] = {
 # ---- argument parsing ----------------------------------------------------------------------------------------
 EPILOG = """\
 where the snapshots are read from:
-  --address HOST:PORT  a running Ray cluster (or set RAY_ADDRESS); the CLI joins it as a driver
+  --address HOST:PORT  a running Ray cluster (or set RAY_ADDRESS); the CLI joins it as a driver, with the
+                       cluster's auth token where Ray keeps it (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+                       ~/.ray/auth_token)
   --dir PATH           offline, no cluster: a node's spill folder, or a durable tier (folder or s3://, gs://,
                        hdfs:// URI with its options, credentials from the environment)
 
@@ -310,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--league", default=argparse.SUPPRESS,
                        help="online: the league to look at (default: the cluster's default league)")
     where.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
+    where.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="also print policystore's and Ray's informational log lines")
     parser = argparse.ArgumentParser(
         prog="policystore", description="Inspect and maintain a league's policy snapshots, online or offline.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common],
@@ -348,8 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (``python -m policystore`` and the console script exit with it)."""
     args = build_parser().parse_args(argv)
-    for name, default in (("address", None), ("dir", None), ("league", None), ("json", False)):
+    for name, default in (("address", None), ("dir", None), ("league", None), ("json", False), ("verbose", False)):
         setattr(args, name, getattr(args, name, default))
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     out = Output(args.json)
     source = None
     try:

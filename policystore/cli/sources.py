@@ -12,13 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PolicyStoreError, StoreUnavailableError
+from ..errors import PolicyStoreError
 from ..format import Expected
 from ..ids import SnapshotId
 from ..wire import DURABLE, StoreStats
 from .output import CopyCheck, FolderStats, Row, Verified, record
-
-REACH_TIMEOUT_S = 3.0  # a cluster address that takes longer to accept a connection is as good as down
 
 
 class UsageError(PolicyStoreError, ValueError):
@@ -58,9 +56,10 @@ class ClusterSource(Source):
 
         from .. import client
         from ..config import catalog_name, running, store_name
+        from .join import prepare
 
         if not ray.is_initialized():
-            check_reachable(address)
+            prepare(address)
             ray.init(address=address, logging_level="error", log_to_driver=False, configure_logging=False)
             self._shutdown: Callable[[], None] | None = ray.shutdown
         else:
@@ -182,25 +181,6 @@ def _problems(check: Callable[[], object]) -> list[str]:
     return []
 
 
-def check_reachable(address: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """Fail in seconds when nothing listens at a ``host:port`` cluster address: ``ray.init`` would retry for
-    minutes. ("auto", "local" and ``ray://`` addresses are left to Ray.)"""
-    import socket
-
-    if not address or "://" in address or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise UsageError(f"--address {address}: expected HOST:PORT (the head node's GCS address)")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise StoreUnavailableError(
-            f"no Ray cluster answers at {address} ({exc.strerror or exc}): start one (ray start --head) or give the "
-            "head node's address (ray status prints it)"
-        ) from None
-
-
 def open_source(args: argparse.Namespace) -> Source:
     """``--dir`` (offline) or the cluster at ``--address``/``RAY_ADDRESS`` (online)."""
     if args.dir:
@@ -210,10 +190,14 @@ def open_source(args: argparse.Namespace) -> Source:
         if not Path(path).is_dir():
             raise UsageError(f"--dir {args.dir}: no such folder")
         return FolderSource(path)
-    address = args.address or os.environ.get("RAY_ADDRESS")
-    if not address:
-        import ray
+    from .join import check_address
 
-        if not ray.is_initialized():
-            raise UsageError("say where the snapshots are: --address (or RAY_ADDRESS) for a cluster, --dir offline")
-    return ClusterSource(address, args.league)
+    if args.address:
+        return ClusterSource(check_address(args.address), args.league)
+    if os.environ.get("RAY_ADDRESS"):
+        return ClusterSource(check_address(os.environ["RAY_ADDRESS"], "RAY_ADDRESS"), args.league)
+    import ray
+
+    if not ray.is_initialized():
+        raise UsageError("say where the snapshots are: --address (or RAY_ADDRESS) for a cluster, --dir offline")
+    return ClusterSource(None, args.league)

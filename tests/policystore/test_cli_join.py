@@ -1,0 +1,89 @@
+"""The ``policystore`` command joins a cluster the way ``ray.init()`` does, token authentication included, and
+fails in seconds with one line naming the fix when it cannot: a real cluster with a token of its own, started by
+another process (as a user's job would), and the command run as a user runs it (a subprocess, without the
+``RAY_AUTH_MODE`` that a test's own ``ray.init`` would leave in its environment)."""
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from policystore.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAD = """
+import sys, ray, torch, policystore
+ray.init(address="local", num_cpus=1, object_store_memory=200_000_000, include_dashboard=False)
+store = policystore.connect(policystore.StoreConfig(spill_dir=sys.argv[1]))
+store.publish("main_0", {"w": torch.ones(4)}, {"step": 1})
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()  # until the test closes it
+policystore.client.shutdown_all()
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def token_cluster(tmp_path_factory):
+    """(GCS address, token): a cluster started by another process with token authentication and a token of its own
+    (not the one in ~/.ray/auth_token)."""
+    tmp = tmp_path_factory.mktemp("head")
+    token = secrets.token_hex(32)
+    head = subprocess.Popen([sys.executable, "-c", HEAD, str(tmp / "spill")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
+    try:
+        address = head.stdout.readline().strip()
+        assert address, "the head process did not start"
+        yield address, token
+    finally:
+        head.stdin.close()
+        head.wait(timeout=120)
+
+
+def cli(*argv: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "policystore", *argv], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env=_env(**env))
+    return result, time.monotonic() - start
+
+
+def test_joins_with_the_token_from_the_environment_or_a_token_file(token_cluster, tmp_path):
+    address, token = token_cluster
+    result, _ = cli("--address", address, "--json", "ls", RAY_AUTH_TOKEN=token)
+    assert result.returncode == EXIT_OK, result.stderr
+    assert [(r["policy_id"], r["version"]) for r in json.loads(result.stdout)] == [("main_0", 1)]
+    assert "InvalidAuthToken" not in result.stderr
+    (tmp_path / "token").write_text(token)
+    result, _ = cli("--json", "ls", RAY_ADDRESS=address, RAY_AUTH_TOKEN_PATH=str(tmp_path / "token"))
+    assert result.returncode == EXIT_OK, result.stderr
+
+
+def test_a_wrong_or_missing_token_fails_in_seconds_with_one_line(token_cluster, tmp_path):
+    address, _ = token_cluster
+    result, seconds = cli("--address", address, "ls", RAY_AUTH_TOKEN="0" * 64)
+    assert result.returncode == EXIT_PROBLEM
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert "refused this machine's token" in result.stderr and "RAY_AUTH_TOKEN" in result.stderr
+    assert seconds < 15  # ray.init alone retries for ~20 s, a warning per try
+    result, _ = cli("--address", address, "ls", RAY_AUTH_MODE="disabled")
+    assert result.returncode == EXIT_PROBLEM
+    assert "RAY_AUTH_MODE=disabled" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("address", ["nonsense", "local", "host:port", "127.0.0.1:99999", "http://127.0.0.1:6379"])
+def test_a_bad_address_is_a_usage_error(address):
+    result, _ = cli("--address", address, "ls")
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "expected the head node's GCS address HOST:PORT" in result.stderr
+    result, _ = cli("ls", RAY_ADDRESS=address)
+    assert result.returncode == EXIT_USAGE and "RAY_ADDRESS" in result.stderr
