@@ -38,13 +38,14 @@ from .output import (
     Output,
     Row,
     Usage,
+    UsageError,
     cell,
     node,
     record,
     short_json,
     size,
 )
-from .sources import ClusterSource, Source, UsageError, open_source
+from .sources import ClusterSource, Source, open_source
 
 _BAD_INPUT = (UsageError, InvalidPolicyIdError, InvalidWeightsError, UnknownPolicyError, SnapshotFolderError,
               FileNotFoundError)

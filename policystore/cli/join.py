@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ..errors import StoreUnavailableError
-from .sources import UsageError
+from .output import UsageError
 
 if TYPE_CHECKING:
     import grpc

@@ -10,9 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import PolicyStoreError
 from ..ids import SnapshotId
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(PolicyStoreError, ValueError):
+    """A command line that cannot be carried out as given (missing option, offline where a cluster is needed)."""
 
 
 @dataclass

@@ -16,11 +16,7 @@ from ..errors import PolicyStoreError
 from ..format import Expected
 from ..ids import SnapshotId
 from ..wire import DURABLE, StoreStats
-from .output import CopyCheck, FolderStats, Row, Verified, record
-
-
-class UsageError(PolicyStoreError, ValueError):
-    """A command line that cannot be carried out as given (missing option, offline where a cluster is needed)."""
+from .output import CopyCheck, FolderStats, Row, UsageError, Verified, record
 
 
 class Source:
