@@ -478,7 +478,9 @@ class PolicyStore:
 
     def flush(self) -> None:
         """Wait until every snapshot published so far is on disk, and the store knows of every read so far (reads
-        of pushed snapshots reach its LRU order with the next long poll, a fraction of a second later, or now)."""
+        of pushed snapshots reach its LRU order with the next long poll, a fraction of a second later, or now).
+        SpillFailedError, naming them, while acknowledged snapshots are only in memory (their spill failed: a full
+        disk; the store retries until they land)."""
         self._live()
         self._call(StoreServer.flush, self._follower.take_used() if self._follower is not None else (),
                    timeout_s=self._long_timeout_s())

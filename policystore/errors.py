@@ -43,6 +43,11 @@ class DiskFullError(PolicyStoreError, OSError):
     """The spill tier cannot take the snapshot (no space left, or over disk_capacity_bytes)."""
 
 
+class SpillFailedError(PolicyStoreError, OSError):
+    """Acknowledged snapshots that are only in memory: their spill to disk failed (disk full, I/O error) and no
+    durable copy exists, so a store restart would lose them. The store keeps retrying; the message names them."""
+
+
 class ReadOnlyWeightsError(PolicyStoreError, RuntimeError):
     """An in-place write into shared weights, which would silently change them for every process on the node."""
 

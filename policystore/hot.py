@@ -43,6 +43,11 @@ class HotTier:
         self._refs.move_to_end(sid)
         return entry[0]
 
+    def peek(self, sid: SnapshotId) -> HotSnapshot | None:
+        """The snapshot's header and object without marking it used (the store's own work is no use)."""
+        entry = self._refs.get(sid)
+        return entry[0] if entry is not None else None
+
     def add(self, sid: SnapshotId, ref: ray.ObjectRef, nbytes: int, header: bytes) -> None:
         """Hold ``ref`` (``header``: the snapshot's header bytes, pushed with the ref to readers)."""
         self.remove(sid)

@@ -21,6 +21,7 @@ The store holds bytes and names only: it never imports torch.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import threading
@@ -42,12 +43,14 @@ from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog
 from .deadline import wait
 from .errors import (
     CorruptSnapshotError,
+    DiskFullError,
     DurableTierError,
     InvalidOptionError,
     InvalidWeightsError,
     PolicyStoreError,
     SnapshotLostError,
     SnapshotTooLargeError,
+    SpillFailedError,
     UnknownPolicyError,
     UnknownVersionError,
     brief,
@@ -112,6 +115,7 @@ class _Entry:
     pending: Future | None = None  # background spill in flight
     spill_error: str | None = None  # the background spill failed (disk full): the snapshot can only stay hot
     corrupt: str | None = None  # the hot copy failed its checksum and no good disk copy exists
+    fetched: bool = False  # a copy of another node's or of the durable tier's (safe elsewhere if its spill fails)
 
 
 def _open_durable(uri: str | None) -> DurableTier | None:
@@ -401,6 +405,7 @@ class StoreServer:
             pending = sum(e.header.nbytes for _, e in self._items_locked() if e.pending is not None)
             committed = self._disk_bytes_locked()
         self.disk.check_room(header.nbytes, committed, pending, what)
+        self._make_room(header.nbytes, what)
         entry = _Entry(header, durable=durable)
         with ExitStack() as landing:
             if durable:
@@ -464,11 +469,13 @@ class StoreServer:
                 entry.corrupt, entry.pending = str(exc), None
                 self.hot.remove(sid)
             return
-        except Exception as exc:  # disk full, I/O error: keep serving from memory, report it
-            log.error("could not spill %s: %s", sid, exc)
+        except Exception as exc:  # disk full, I/O error: keep serving from memory, retry (``_retry_spills``)
             with self._lock:
+                first = entry.spill_error is None
                 entry.spill_error, entry.pending = str(exc), None
                 self._count("spill_errors")
+            if first:
+                log.error("could not spill %s (retrying until it lands): %s", sid, exc)
             return
         finally:
             del buf
@@ -481,6 +488,54 @@ class StoreServer:
             entry.pending = None
         if current and self.uploads is not None:
             self.uploads.upload(sid)
+
+    # ---- spills that failed (a full disk) -------------------------------------------------------------------
+    def _unspilled_locked(self) -> list[tuple[SnapshotId, _Entry]]:
+        """Acknowledged snapshots a store restart would lose: no file, no durable copy, not a copy of another's."""
+        return [(sid, e) for sid, e in self._items_locked()
+                if e.file is None and e.spill_error and not e.durable and not e.fetched]  # a retry may be running
+
+    def _retry_spills(self) -> list[Future]:
+        """Queue the spill again of every snapshot whose spill failed and that is still hot (periodically, and at
+        ``flush``): a disk that fills up delays spills, it never drops them. Returns the spills queued."""
+        queued = []
+        with self._lock:
+            for sid, entry in self._items_locked():
+                hot = self.hot.peek(sid)
+                if entry.file is None and entry.pending is None and entry.spill_error and hot is not None:
+                    entry.pending = self._writer.submit(self._spill, sid, entry, hot.refs[0])
+                    queued.append(entry.pending)
+        return queued
+
+    def _check_spilled(self) -> None:
+        """SpillFailedError naming every acknowledged snapshot that is only in memory (see ``_unspilled_locked``)."""
+        with self._lock:
+            at_risk = self._unspilled_locked()
+        if at_risk:
+            names = ", ".join(str(sid) for sid, _ in at_risk[:20]) + (" ..." if len(at_risk) > 20 else "")
+            raise SpillFailedError(
+                f"{len(at_risk)} acknowledged snapshots are only in memory, a store restart would lose them: {names} "
+                f"(their spill to {self.disk.root} failed: {at_risk[-1][1].spill_error}); retrying every "
+                f"{_GAUGE_INTERVAL_S:g} s until they land or are deleted")
+
+    def _make_room(self, nbytes: int, what: str) -> None:
+        """Refuse a publish with DiskFullError when the hot tier could not take it without growing past its
+        capacity because snapshots it holds cannot be spilled (and so cannot be evicted); waits for spills in
+        flight first, as eviction does."""
+        while True:
+            with self._lock:
+                stuck = [(sid, e) for sid, e in self._items_locked() if e.file is None and sid in self.hot]
+                if sum(e.header.nbytes for _, e in stuck) + nbytes <= self.hot.capacity_bytes:
+                    return
+                wait_for = next((e.pending for _, e in stuck if e.pending is not None), None)
+                failed = [(sid, e) for sid, e in stuck if e.spill_error]
+            if wait_for is None:
+                names = ", ".join(str(sid) for sid, _ in failed[:10]) + (" ..." if len(failed) > 10 else "")
+                raise DiskFullError(
+                    errno.ENOSPC, f"{what}: refused, the hot tier (hot_capacity_bytes={self.hot.capacity_bytes}) is "
+                    f"full of snapshots that could not be spilled to {self.disk.root} ({names}: "
+                    f"{failed[-1][1].spill_error if failed else 'no spill file'}); they are retried until they land")
+            wait_for.result()
 
     def _upload_source(self, sid: SnapshotId) -> tuple[np.ndarray, Header] | None:
         """This node's verified bytes of ``sid`` for its durable upload (from its spill file), None if gone."""
@@ -672,7 +727,7 @@ class StoreServer:
                 f"(holders {list(info.holders) or 'none'}; {'; '.join(problems) or 'no durable tier'})"
             )
         hot, header = copy
-        entry = _Entry(header)
+        entry = _Entry(header, fetched=True)
         with self._lock:
             self._policies.setdefault(sid.policy_id, {})[sid.version] = entry
             self.hot.add(sid, hot.refs[0], header.nbytes, hot.header)
@@ -779,6 +834,7 @@ class StoreServer:
                 durable_error=self.uploads.last_error if self.uploads is not None else None,
                 served=self.relay.served,
                 served_max_per_snapshot=self.relay.served_most(),
+                unspilled=tuple(str(sid) for sid, _ in self._unspilled_locked()),
                 **{k: self._counters[k] for k in (
                     "hits", "misses", "evictions", "restores", "fetches", "publishes", "spill_errors", "corrupt_reads"
                 )},
@@ -875,9 +931,13 @@ class StoreServer:
                 found[name] = False
                 failed[name] = exc
                 problems.append(str(exc))
-        if entry is not None and hot is None and file is None and entry.spill_error and found["durable"] is not True:
-            found["disk"] = False  # its file failed a read before (quarantined or gone) and nothing replaced it
-            problems.append(entry.spill_error)
+        if entry is not None and file is None and entry.spill_error and found["durable"] is not True:
+            if hot is None:
+                found["disk"] = False  # its file failed a read before (quarantined or gone) and nothing replaced it
+                problems.append(entry.spill_error)
+            else:  # no copy on disk (not a damaged one): its spill failed and is being retried
+                problems.append(f"{sid} is only in memory (a store restart would lose it): {entry.spill_error}; "
+                                "retrying")
         healed = False
         if found["hot"] is False:
             with self._lock:
@@ -904,7 +964,10 @@ class StoreServer:
             pending = [e.pending for _, e in self._items_locked() if e.pending is not None]
         for future in pending:
             future.result()
+        for future in self._retry_spills():  # space may be back: one more try before saying what is at risk
+            future.result()
         self.holders.flush(self.config.call_timeout_s)
+        self._check_spilled()
         return len(pending)
 
     def _ask(self, ref: ray.ObjectRef, call: str) -> Any:
@@ -934,6 +997,7 @@ class StoreServer:
         reported_failures = 0
         while True:
             self._staging.sweep()
+            self._retry_spills()
             with self._lock:
                 gauges = self._gauges_locked()
             self.metrics.set_gauges(**gauges)

@@ -166,6 +166,7 @@ class StoreStats:
     durable_error: str | None = None  # the last of them, until a call succeeds again
     served: int = 0  # copies of snapshots this store handed to other nodes' stores
     served_max_per_snapshot: int = 0  # the most nodes it handed any one snapshot to (bounded: a fan-out tree)
+    unspilled: tuple[str, ...] = ()  # acknowledged snapshots only in memory: their spill failed (retried), no copy
 
 
 @dataclass(frozen=True)
