@@ -329,6 +329,7 @@ class CatalogServer:
                 self._add_holder(db, sid, node)
             db.executemany("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?",
                            [(*sid, node) for sid, node in checked[1]])
+            self._holders_changed(db, {sid.policy_id for sid, _ in (*checked[0], *checked[1])})
 
     @_counted
     def reconcile(self, node_id: str, held: Sequence[tuple[SnapshotId, Summary]], *,
@@ -373,6 +374,7 @@ class CatalogServer:
                     if (pid, v) not in kept]
             db.executemany("DELETE FROM holders WHERE pid = ? AND version = ? AND node = ?",
                            [(pid, v, node_id) for pid, v in gone])
+            self._holders_changed(db, {pid for pid, _ in gone} | {sid.policy_id for sid in kept})
             if restarted:
                 dead = [SnapshotId(*row) for row in db.execute(
                     "SELECT pid, version FROM snapshots WHERE node = ? AND state = ?", (node_id, RESERVED))]
@@ -544,7 +546,7 @@ class CatalogServer:
             if kind == "delete":
                 committed.pop(sid, None)
                 deleted.append(sid)
-            else:
+            elif kind == "commit":
                 with suppress(KeyError):  # deleted since: its delete event follows
                     committed[sid] = self._entry(sid)
         pids = sorted({pid for _, _, pid, _ in rows})
@@ -639,8 +641,25 @@ class CatalogServer:
 
     @staticmethod
     def _refresh_latest(db: Any, policy_id: str) -> None:
-        db.execute("UPDATE policies SET latest = coalesce((SELECT max(version) FROM snapshots WHERE pid = ? AND "
-                   "state = ?), 0) WHERE pid = ?", (policy_id, COMMITTED, policy_id))
+        """A policy's "latest": its newest committed version some copy can serve (a holder: a node or the durable
+        tier); only if none has one, its newest committed version (whose reads then say it is lost)."""
+        db.execute("UPDATE policies SET latest = coalesce((SELECT max(s.version) FROM snapshots s WHERE s.pid = ? AND "
+                   "s.state = ? AND EXISTS (SELECT 1 FROM holders h WHERE h.pid = s.pid AND h.version = s.version)), "
+                   "(SELECT max(version) FROM snapshots WHERE pid = ? AND state = ?), 0) WHERE pid = ?",
+                   (policy_id, COMMITTED, policy_id, COMMITTED, policy_id))
+
+    def _holders_changed(self, db: Any, policy_ids: Iterable[str]) -> None:
+        """After holders came or went: a policy whose latest version lost its last copy (a store killed before its
+        spill) falls back to its newest readable one, and goes forward again when a copy comes back; watchers
+        hear of it as a ``latest`` event."""
+        for pid in sorted(policy_ids):
+            before = db.execute("SELECT latest FROM policies WHERE pid = ?", (pid,)).fetchone()
+            self._refresh_latest(db, pid)
+            after = db.execute("SELECT latest FROM policies WHERE pid = ?", (pid,)).fetchone()
+            if before != after and after and after[0]:
+                log.warning("catalog: latest of %r is now v%d (was v%d)%s", pid, after[0], before[0] if before else 0,
+                            ": no copy of the newer versions is left" if before and after[0] < before[0] else "")
+                self._log_event(db, "latest", SnapshotId(pid, after[0]))
 
     def _entry(self, sid: SnapshotId) -> CatalogEntry:
         """The committed entry of ``sid``, or KeyError."""

@@ -51,6 +51,7 @@ from .format import (
     Expected,
     Header,
     check_identity,
+    read_header,
     send_checked,
     verify_buffer,
 )
@@ -280,18 +281,41 @@ class DurableTier:
         return buf
 
     def list_committed(self, skipped: list[str] | None = None) -> list[tuple[SnapshotId, Summary]]:
-        """Every committed snapshot, ``(id, summary)`` in id order, from the markers alone.
+        """Every committed snapshot, ``(id, summary)`` in id order, from its marker and its data object's header.
 
         This is how a fresh catalog learns the league from the URI: summaries have the fields of
-        ``wire.Summary``. Unreadable or inconsistent markers are logged and skipped, never raised (and said in
-        ``skipped``, one line each, when given).
+        ``wire.Summary``. Unreadable or inconsistent markers, and markers whose data object is missing, of another
+        size or another snapshot (its header read, not its data), are logged and skipped, never raised (and said in
+        ``skipped``, one line each, when given): a catalog never lists a version no copy can serve.
         """
         found = []
         for sid in sorted(self.committed_ids()):
             commit = self._commit(sid, skipped)
-            if commit is not None:
+            if commit is not None and self._data_matches(commit, skipped):
                 found.append((sid, commit.summary()))
         return found
+
+    def _data_matches(self, commit: Commit, skipped: list[str] | None) -> bool:
+        """Whether the data object ``commit`` names exists, has its size and a header of its snapshot."""
+        path = posixpath.join(self._folder(commit.policy_id), commit.object)
+        what = f"{commit.id} (durable tier {self.uri}, {path})"
+        try:
+            with self.fs.open_input_file(path) as f:
+                if f.size() != commit.nbytes:
+                    raise CorruptSnapshotError(f"{what}: {f.size()} bytes, its commit marker says {commit.nbytes}")
+                header = read_header(lambda start, n: f.read_at(n, start), total=commit.nbytes, name=what)
+            check_identity(header, commit.id, Expected(*commit.id, commit.checksum), what, versioned=False)
+            return True
+        except FileNotFoundError:
+            problem = f"ignoring the commit marker of {what}: its data object is missing"
+        except (pa.ArrowException, OSError) as exc:
+            raise DurableTierError(f"cannot read {path} for {what}: {_first_line(exc)}") from None
+        except CorruptSnapshotError as exc:
+            problem = f"ignoring the commit marker of {commit.id}: its data object does not match ({exc})"
+        log.warning("%s", problem)
+        if skipped is not None:
+            skipped.append(problem)
+        return False
 
     def committed_ids(self) -> set[SnapshotId]:
         """The snapshots with a commit marker and no tombstone, from one listing (no marker is read)."""

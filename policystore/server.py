@@ -605,6 +605,8 @@ class StoreServer:
                 return self._copy_of(SnapshotId(policy_id, heard))
             except UnknownVersionError:  # deleted since the feed heard of it: "latest" is the catalog's to say
                 log.info("%s@v%d was deleted since this store heard of it; asking the catalog", policy_id, heard)
+            except SnapshotLostError:  # its last copy died: the catalog's latest falls back to a readable one
+                log.info("%s@v%d has no copy left; asking the catalog for the newest readable", policy_id, heard)
         info = self._ask(self.catalog.lookup.remote(policy_id), "lookup")
         return self._copy_of(info.id, info)
 
@@ -804,7 +806,8 @@ class StoreServer:
                 rows.append(SnapshotInfo(
                     id=e.id,
                     nbytes=local.header.nbytes if local is not None else e.summary.nbytes,
-                    tier="hot" if e.id in self.hot else "disk" if local is not None else "remote",
+                    tier="hot" if e.id in self.hot else "disk" if local is not None else "remote" if e.holders
+                    else "lost",
                     on_disk=file is not None,
                     file_bytes=file.file_bytes if file is not None else 0,
                     compressed=bool(file and file.compressed),
@@ -812,7 +815,8 @@ class StoreServer:
                     created=e.summary.created,
                     checksum=e.summary.checksum,
                     holders=e.holders,
-                    error=(local.corrupt or local.spill_error) if local is not None else None,
+                    error=(local.corrupt or local.spill_error) if local is not None else None if e.holders else
+                    "lost: no node and no durable tier holds a copy (a store died before it was spilled)",
                 ))
         return rows
 

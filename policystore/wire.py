@@ -117,7 +117,9 @@ class SnapshotInfo:
 
     id: SnapshotId
     nbytes: int
-    tier: str  # on this node: "hot" (shared memory), "disk" (restored on the next get), "remote" (fetched on get)
+    # on this node: "hot" (shared memory), "disk" (restored on the next get), "remote" (fetched on get), "lost" (no
+    # node and no durable tier holds a copy: never answered as latest; a get of it raises SnapshotLostError)
+    tier: str
     on_disk: bool
     file_bytes: int
     compressed: bool

@@ -1,5 +1,7 @@
-"""A disk that another writer fills between a publish and its background spill, on a real (tmpfs) file system
-with a real store: nothing acknowledged is lost, nothing is hidden, and the hot tier stays within its capacity."""
+"""Acknowledged snapshots without a copy on disk, with a real store on real file systems: a disk that another
+writer fills (a tmpfs) between a publish and its background spill loses nothing, hides nothing and never grows
+the hot tier past its capacity; a version whose last copy died with its store is listed as lost and is never
+"latest"; a durable marker without its data is never adopted."""
 
 import functools
 import os
@@ -14,7 +16,10 @@ from helpers import RESTARTING, eventually
 
 import policystore
 from policystore.config import NAMESPACE, store_name
-from policystore.errors import DiskFullError, SpillFailedError
+from policystore.durable import DurableTier
+from policystore.errors import DiskFullError, SnapshotLostError, SpillFailedError
+from policystore.format import pack, parse_header
+from policystore.ids import SnapshotId
 
 MiB = 1024 * 1024
 
@@ -108,3 +113,52 @@ def _catch(fn):
         return fn()
     except Exception as exc:
         return exc
+
+
+def test_a_version_no_copy_can_serve_is_marked_lost_and_never_latest(make_store, tmp_path):
+    """A non-durable publish acknowledged just before its store is killed (its spill not yet run): the restarted
+    store lists it as lost, "latest" falls back to the newest readable version, and a later publish moves on."""
+    store = make_store()
+    assert store.publish("kept", _weights(1)).version == 1
+    store.flush()
+    _hold_spills(store, str(tmp_path / "never"))
+    assert store.publish("kept", _weights(2)).version == 2
+    os.kill(ray.get(_actor(store).__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
+    policystore.clear_cache()
+    rows = eventually(lambda: (r := store.list("kept")) and r[-1].tier == "lost" and r, "v2 listed as lost",
+                      ignore=RESTARTING)
+    assert [(r.id.version, r.tier) for r in rows] == [(1, "disk"), (2, "lost")] and "lost" in rows[1].error
+    # another process (this one never reads older than its own publishes): latest is the newest readable version
+    latest, got, w = ray.get(_fresh_reader.remote("kept"))
+    assert (latest, got) == (1, 1) and torch.equal(w, _weights(1)["w"])
+    with pytest.raises(SnapshotLostError):
+        store.get("kept", 2)
+    assert store.publish("kept", _weights(3)).version == 3  # numbers are never reused
+    latest, got, w = eventually(lambda: (r := ray.get(_fresh_reader.remote("kept")))[0] == 3 and r, "v3 pushed")
+    assert got == 3 and torch.equal(w, _weights(3)["w"])
+
+
+@ray.remote(num_cpus=0.1)
+def _fresh_reader(policy_id: str) -> tuple[int, int, torch.Tensor]:
+    store = policystore.connect()
+    snap = store.get(policy_id)
+    return store.latest_version(policy_id), snap.id.version, snap["w"].clone()
+
+
+def test_a_durable_marker_is_adopted_only_with_its_data(make_store, tmp_path):
+    """A fresh catalog on a durable URI adopts a marker only if its data object exists, has the size the marker
+    says and is the snapshot it names; the others are skipped with the reason, and never listed."""
+    uri = tmp_path / "durable"
+    tier = DurableTier.open(str(uri))
+    for v in (1, 2, 3):
+        buf = pack(_weights(v), policy_id="d")
+        tier.write(SnapshotId("d", v), buf, parse_header(buf, name="d"))
+    data = {v: next((uri / "d").glob(f"{v:010d}.*.safetensors")) for v in (1, 2, 3)}
+    data[2].unlink()  # missing
+    data[3].write_bytes(data[1].read_bytes())  # another snapshot's bytes (same size)
+    skipped: list[str] = []
+    assert [sid for sid, _ in tier.list_committed(skipped)] == [SnapshotId("d", 1)]
+    assert "d@v2" in skipped[0] and "missing" in skipped[0] and "d@v3" in skipped[1] and "match" in skipped[1]
+    store = make_store(durable_uri=str(uri))  # a new catalog database: rebuilt from these markers
+    assert [(r.id.version, r.tier) for r in store.list("d")] == [(1, "remote")]
+    assert store.latest_version("d") == 1
