@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import (
+    CorruptSnapshotError,
     InvalidPolicyIdError,
     InvalidWeightsError,
     PolicyStoreError,
@@ -29,7 +30,7 @@ from ..errors import (
     UnknownPolicyError,
     UnknownVersionError,
 )
-from ..format import META_USER
+from ..format import META_CHECKSUM, META_USER, verify_buffer
 from ..ids import SnapshotId, check_policy_id, check_version
 from .output import (
     EXIT_OK,
@@ -209,6 +210,8 @@ def load_weights_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                 metadata = f.metadata() or {}
         except (SafetensorError, OSError, ValueError) as exc:
             raise InvalidWeightsError(f"{path}: not a readable safetensors file ({exc})") from None
+        if META_CHECKSUM in metadata:
+            _check_recorded(path)
         try:
             meta = json.loads(metadata.get(META_USER, "{}"))
         except json.JSONDecodeError:
@@ -222,6 +225,18 @@ def load_weights_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(loaded, Mapping) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise InvalidWeightsError(f"{path}: expected a state dict (names to tensors), got {type(loaded).__name__}")
     return dict(loaded), {}
+
+
+def _check_recorded(path: Path) -> None:
+    """A file that records a policystore checksum (an export, a spill file) must still match it, layout and data:
+    changed bytes imported as a new snapshot would get a new, valid checksum and the damage could never be seen."""
+    import numpy as np
+
+    try:
+        verify_buffer(np.fromfile(path, dtype=np.uint8), name=str(path))
+    except CorruptSnapshotError as exc:
+        raise InvalidWeightsError(f"refusing to import {path}: it no longer matches the checksum recorded in it, "
+                                  f"its bytes changed since it was written ({exc})") from None
 
 
 def _rows(source: Source, policy_id: str | None) -> list[Row]:

@@ -259,6 +259,25 @@ def test_import_refuses_pickled_code_and_non_weights(capsys, cluster, tmp_path):
     assert code == EXIT_USAGE  # nothing was published
 
 
+@pytest.mark.parametrize("where", ["data", "layout"])
+def test_import_refuses_a_file_that_no_longer_matches_its_recorded_checksum(capsys, cluster, tmp_path, where):
+    exported = tmp_path / "main_0-v2.safetensors"
+    assert run_cli(capsys, "export", "main_0", "2", "-o", str(exported))[0] == EXIT_OK
+    raw = bytearray(exported.read_bytes())
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    if where == "data":
+        raw[-3] ^= 0x01  # one bit of one weight
+    else:  # the index changed: a tensor renamed (the file still loads as safetensors)
+        name = next(k for k in json.loads(raw[8:header_end]) if k != "__metadata__")
+        at = raw.index(f'"{name}":'.encode(), 8, header_end) + 1
+        raw[at:at + 1] = b"Z" if name[0] != "Z" else b"Y"
+    exported.write_bytes(bytes(raw))
+    code, out = run_cli(capsys, "--json", "import", str(exported), "changed")
+    assert code == EXIT_USAGE and "checksum recorded in it" in json.loads(out)["error"], out
+    code, _ = run_cli(capsys, "ls", "changed")
+    assert code == EXIT_USAGE  # nothing was published
+
+
 def test_import_refuses_meta_that_is_not_an_object_and_folders(capsys, cluster, tmp_path):
     state = tmp_path / "state.pt"
     torch.save(_weights(7), state)
