@@ -2,7 +2,7 @@
 
 Ray exports every metric defined with ``ray.util.metrics`` from each node's metrics agent (``ray_`` is prefixed,
 counters get ``_total``), on its report interval, with no extra setup. Each store tags its figures with its Ray
-node id, so one query can sum over the cluster or split by node. The names and queries are in docs/operations.md.
+node id, so one query can sum over the cluster or split by node. The names and queries are in docs/metrics.md.
 """
 
 from __future__ import annotations
