@@ -136,7 +136,7 @@ def module_and_args(command: Command | str) -> tuple[str, list[str]]:
     return argv[1].removesuffix(".py").replace("/", "."), argv[2:]
 
 
-def commands(page: Path, inline: bool = True) -> list[Command]:
+def commands(page: Path, inline: bool = True, tables: bool = False) -> list[Command]:
     """The project's commands on a page: lines of bash blocks (a trailing comment is their context) and, with
     ``inline``, inline code spans (the paragraph they sit in is theirs; an explanation page names commands in
     passing, `policystore --dir`, without giving them to type)."""
@@ -155,7 +155,8 @@ def commands(page: Path, inline: bool = True) -> list[Command]:
         return found
     # prose: no code blocks, and no table rows (where a command is named as what a test runs, not given to type)
     prose = re.sub(r"```.*?```", lambda m: "\n" * m[0].count("\n"), text, flags=re.S)
-    prose = re.sub(r"(?m)^\|.*$", "", prose)
+    if not tables:
+        prose = re.sub(r"(?m)^\|.*$", "", prose)
     for paragraph in re.finditer(r"(?:[^\n]+\n?)+", prose):
         for span in re.finditer(r"`([^`]+)`", paragraph[0]):
             code = span[1].strip()
@@ -170,6 +171,7 @@ HOWTO = [README, *pages_of_kind("Tutorial", "How-to")]
 COMMANDS = [c for page in HOWTO for c in commands(page)]  # to follow: each runs, or says how long it takes
 NAMED = COMMANDS + [c for page in md_pages() if page not in HOWTO and page.parent.name != "results"
                    for c in commands(page, inline=False)]  # each parses as written
+NAMED += [c for c in commands(DOCS / "cli.md", tables=True) if c not in NAMED]  # the CLI reference's examples
 
 
 # Runs each command's module as `python -m` would, up to its parser: argparse parses the command's arguments for
