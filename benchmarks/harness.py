@@ -209,6 +209,9 @@ def percentiles(samples_s: Sequence[float], scale: float = 1e3) -> dict[str, flo
     }
 
 
+clock = time.perf_counter  # what every timed sample reads
+
+
 def timed(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> list[float]:
     """Wall-clock durations of ``repeats`` calls of ``fn`` after ``warmup`` unmeasured ones."""
     for _ in range(warmup):
@@ -305,3 +308,15 @@ def wait_not_pushed(store: Any, policy_id: str, timeout_s: float = 60.0) -> None
             raise RuntimeError(f"{policy_id!r} is still hot after {timeout_s} s: the hot tier holds more than one "
                                "of the snapshots read in turn, so the restore case would measure no restore")
         time.sleep(0.005)
+
+
+def wait_pushed(store: Any, policy_id: str, version: int, timeout_s: float = 60.0) -> bool:
+    """Wait until the store's push of ``version`` of ``policy_id`` (latest, with its ref) has reached this process,
+    the state a reader's update of a played policy starts from; False if it did not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = store.push_state()
+        if state.fresh and state.latest.get(policy_id) == version and (policy_id, version) in state.hot:
+            return True
+        time.sleep(0.002)
+    return False
