@@ -14,7 +14,8 @@ restore rows (per size, kind random or pruned, lz4 off/on, page cache cold/warm)
   tier_gbps      snapshot bytes / time of what the store does per restore, in this process:
                  DiskTier.restore(..., put=ray.put) (read, lz4, checksums, the copy into the object store)
   raw_read_gbps  file bytes / time to read the same file into a preallocated buffer
-  ratio          restore_gbps / raw_read_gbps (target >= 0.8); tier_ratio: the same for tier_gbps
+  ratio          restore_gbps / raw_read_gbps; tier_ratio: the same for tier_gbps
+  goal_met       ratio >= 0.8 (issue 40's goal, warm and cold)
 The three take turns sample by sample (store.get, raw read, tier restore), so none gets a quieter machine.
 Cold reads drop the file from the page cache first (posix_fadvise DONTNEED; no root needed).
 --quick runs lz4 on only (random weights are still stored raw: they do not compress).
@@ -43,6 +44,7 @@ from .nets import NetSpec, random_weights, trained_weights
 
 KINDS = ("random", "trained", "pruned")
 _READ_CHUNK = 16 * MiB
+GOAL_RATIO = 0.8  # a restore at least this fraction of a raw read of the file, warm and cold
 
 
 def pruned(weights: dict[str, torch.Tensor], fraction: float = 0.8) -> dict[str, torch.Tensor]:
@@ -161,6 +163,7 @@ def restore_rows(results: harness.Results, size_mib: int, compress: bool, args: 
                     "raw_read_p50_ms": raw * 1e3, "raw_read_gbps": file_bytes / raw / 1e9,
                     "ratio": (nbytes / restore) / (file_bytes / raw),
                     "tier_ratio": (nbytes / tier_read) / (file_bytes / raw),
+                    "goal_met": (nbytes / restore) / (file_bytes / raw) >= GOAL_RATIO,
                 })
 
 
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
             bar.advance(task)
     results.finish(
         ["row", "kind", "snapshot_mib", "lz4", "stored_compressed", "lz4_ratio", "cache", "restore_gbps",
-         "tier_gbps", "raw_read_gbps", "ratio", "tier_ratio", "loadavg_1m"],
+         "tier_gbps", "raw_read_gbps", "ratio", "tier_ratio", "goal_met", "loadavg_1m"],
         plot,
     )
 

@@ -49,14 +49,13 @@ from .protect import follow_generation, open_shared
 from .server import StoreServer, check_durable, check_fits
 from .session import Session, clear_cache, current_session, ensure_ray, session_key
 from .staging import StagingFile
-from .watch import PushState, current_ray_session
+from .watch import Pushed, PushState, current_ray_session
 from .wire import CatalogEntry, HotSnapshot, SnapshotInfo, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .format import Header
     from .snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -271,6 +270,7 @@ class PolicyStore:
         check_policy_id(policy_id)
         check_durable(durable)
         session = self._live()
+        before = session.seen.get(policy_id, 0)  # seen before this publish began: its version must be higher
         sid, staging = None, session.staging() if self._local else None
         if staging is not None:
             with staging.lock:
@@ -280,14 +280,18 @@ class PolicyStore:
             buf = pack(weights, policy_id=policy_id, meta=meta, alloc=alloc)
             sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False,
                              timeout_s=self.config.publish_timeout_s(len(buf)))
-        if sid.version <= session.seen.get(policy_id, 0):  # versions never repeat within one catalog
-            session.renumbered(epoch="")
+        if isinstance(sid, HotSnapshot):  # the store handed back its ref: this process reads it with no call
+            hot, sid = sid, sid.id
+            if self._follower is not None:
+                self._follower.own(sid, hot.refs[0], hot.header)
+        if sid.version <= before:  # versions never repeat within one catalog (another thread's publish, in
+            session.renumbered(epoch="")  # flight meanwhile, may well have got a lower one)
         session.saw(sid)
         return sid
 
     def _publish_staged(self, session: Session, staging: StagingFile, policy_id: str,
                         weights: Mapping[str, torch.Tensor | np.ndarray], meta: Mapping[str, Any] | None,
-                        durable: bool) -> SnapshotId | None:
+                        durable: bool) -> SnapshotId | HotSnapshot | None:
         """Pack into this process's staging file and hand its name to the store (None: /dev/shm is full, publish
         by value). A publish that fails after the hand-over retires the file: the store may still be reading it."""
         try:
@@ -339,7 +343,7 @@ class PolicyStore:
             return snap
         pushed = self._follower.hot(sid) if self._follower is not None else None
         if pushed is not None and sid not in session.deleted:
-            snap = self._open_pushed(session, sid, *pushed)
+            snap = self._open_pushed(session, sid, pushed)
             if snap is not None:
                 return snap
         return self._resolve(session, sid.policy_id, sid.version)
@@ -349,12 +353,16 @@ class PolicyStore:
         ``call_timeout_s`` (_NOT_ARRIVED otherwise)."""
         return open_shared(ray.get(ref, timeout=self.config.call_timeout_s), what=str(sid))
 
-    def _open_pushed(self, session: Session, sid: SnapshotId, ref: ray.ObjectRef, header: Header) -> Snapshot | None:
-        """A snapshot from a ref the push handed this process: one ``ray.get``, no call to the store."""
+    def _open_pushed(self, session: Session, sid: SnapshotId, pushed: Pushed) -> Snapshot | None:
+        """A snapshot the push handed this process: mapped ahead already, or one ``ray.get`` of its ref; no call to
+        the store."""
         from .snapshot import Snapshot
 
+        if pushed.snapshot is not None:
+            self._follower.used(sid)
+            return session.keep(pushed.snapshot)
         try:
-            buffer = self._map(ref, sid)
+            buffer = self._map(pushed.ref, sid)
         except _NOT_ARRIVED as exc:  # the store restarted (the push will bring its new refs), or the ref is stuck
             if isinstance(exc, ray.exceptions.GetTimeoutError):
                 log.warning("policystore: the pushed copy of %s did not arrive within %.0f s; asking the store",
@@ -362,7 +370,7 @@ class PolicyStore:
             self._follower.drop(sid)
             return None
         self._follower.used(sid)  # told to the store with the next long poll, for its LRU order
-        return session.keep(Snapshot(sid, buffer, ref, header))
+        return session.keep(Snapshot(sid, buffer, pushed.ref, pushed.header))
 
     def _resolve(self, session: Session, policy_id: str, version: int | None) -> Snapshot:
         """Ask the store (one round trip): it restores or fetches the snapshot first if it is not hot."""
@@ -377,7 +385,7 @@ class PolicyStore:
                 try:
                     return self._resolve(session, policy_id, floor)
                 except UnknownVersionError:  # deleted meanwhile: the store's answer is the latest after all
-                    session.seen[policy_id] = sid.version
+                    session.lower(policy_id, floor, sid.version)
             if version is None:
                 session.saw(sid)
             snap = session.snapshots.get(sid)
@@ -406,7 +414,12 @@ class PolicyStore:
         from .modules import build_on_views
 
         snap = self.get(policy_id, version)
-        module = build_on_views(build, snap._buffer, snap._header, str(snap.id))
+        self._session.builders[policy_id] = build  # its next pushed version's module is built ahead with it
+        ahead = self._follower.take_ahead(snap.id) if self._follower is not None else None
+        if ahead is not None and ahead[0] is build:
+            module = ahead[1]
+        else:
+            module = build_on_views(build, snap._buffer, snap._header, str(snap.id))
         module.policystore_snapshot = snap  # the module's provenance, and keeps the snapshot cached
         return module
 

@@ -364,10 +364,14 @@ class StoreServer:
             raise InvalidWeightsError("publish takes a packed snapshot (1-D uint8 buffer from policystore.format.pack)")
         return self._publish(policy_id, buf, durable)
 
-    def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False) -> SnapshotId:
+    def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False
+                       ) -> SnapshotId | HotSnapshot:
         """Publish the snapshot a publisher on this node packed into the first ``nbytes`` of its staging file (the
-        file stays: the publisher packs its next snapshot into the same pages)."""
-        return self._publish(policy_id, self._staging.view(path, nbytes), durable)
+        file stays: the publisher packs its next snapshot into the same pages). Returns the new snapshot with its
+        ref (or only its id, if it is hot no longer): the publisher reads its own write with no further call."""
+        sid = self._publish(policy_id, self._staging.view(path, nbytes), durable)
+        with self._lock:
+            return self.hot.get(sid) or sid
 
     def _publish(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
         """Copy ``buf`` into the object store and commit it; durable publishes write their files first.

@@ -6,9 +6,11 @@ Ray session, or another cluster) starts from nothing, even while handles from th
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -19,7 +21,11 @@ from .staging import StagingFile
 from .watch import Follower
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from .snapshot import Snapshot
+
+log = logging.getLogger(__name__)
 
 
 class Session:
@@ -36,6 +42,8 @@ class Session:
         self.followers: dict[str, Follower] = {}
         self.seen: dict[str, int] = {}  # highest version handed out or published here: never go backwards
         self.deleted: set[SnapshotId] = set()  # never served again from pushed state, whatever arrives late
+        # policy -> the build callable its last load_module passed: a pushed new version's module is built ahead
+        self.builders: dict[str, Callable[[], nn.Module]] = {}
         self.catalog_epoch = ""
         self.closed = False
         self._staging: StagingFile | None = None
@@ -61,23 +69,48 @@ class Session:
             follower = self.followers.get(node_id)
             if follower is None:
                 on_deleted = functools.partial(self.drop, deleted=True)
-                follower = self.followers[node_id] = Follower(node_id, config, on_deleted, self.catalog)
+                follower = self.followers[node_id] = Follower(node_id, config, on_deleted, self.catalog,
+                                                              ready=self._build_ahead)
             return follower
+
+    def _build_ahead(self, snap: Snapshot) -> tuple[Callable[[], nn.Module], nn.Module] | None:
+        """On a follower's thread, as a pushed snapshot lands: the module ``load_module`` will hand out for it,
+        built with the callable this process last loaded that policy with (None: it never loaded one)."""
+        build = self.builders.get(snap.id.policy_id)
+        if build is None:
+            return None
+        from .modules import build_on_views
+
+        try:
+            return build, build_on_views(build, snap._buffer, snap._header, str(snap.id))
+        except Exception as exc:  # a build that no longer fits: load_module says so when asked
+            log.debug("policystore: no module built ahead for %s: %s", snap.id, exc)
+            return None
 
     def latest(self, policy_id: str, follower: Follower | None) -> int | None:
         """The latest version from the push (never below what this process saw), or None: ask the store."""
         version = follower.latest(policy_id) if follower is not None else None
         if version is None:
             return None
-        version = max(version, self.seen.get(policy_id, 0))
-        if SnapshotId(policy_id, version) in self.deleted:
-            return None
-        self.seen[policy_id] = version
+        with self.lock:  # seen only ever rises, whatever threads race here (monotonic reads)
+            version = max(version, self.seen.get(policy_id, 0))
+            if SnapshotId(policy_id, version) in self.deleted:
+                return None
+            self.seen[policy_id] = version
         return version
 
     def saw(self, sid: SnapshotId) -> None:
-        if sid.version > self.seen.get(sid.policy_id, 0):
-            self.seen[sid.policy_id] = sid.version
+        """This process published or read ``sid``: "latest" never answers below it from now on."""
+        with self.lock:
+            if sid.version > self.seen.get(sid.policy_id, 0):
+                self.seen[sid.policy_id] = sid.version
+
+    def lower(self, policy_id: str, floor: int, version: int) -> None:
+        """Version ``floor`` of ``policy_id`` was deleted and ``version`` is the latest: lower the floor to it,
+        unless this process has seen a later one meanwhile."""
+        with self.lock:
+            if self.seen.get(policy_id, 0) == floor:
+                self.seen[policy_id] = version
 
     def keep(self, snap: Snapshot) -> Snapshot:
         with self.lock:
@@ -161,6 +194,9 @@ def clear_cache() -> None:
     for session in sessions:
         with session.lock:
             session.snapshots.clear()
+            followers = list(session.followers.values())
+        for follower in followers:
+            follower.unmap()
 
 
 def ensure_ray() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import logging
 import math
@@ -37,6 +38,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, detached, store_name
 from .format import Header, parse_head
 from .ids import SnapshotId
+from .protect import open_shared
+from .snapshot import Snapshot
 from .wire import FeedEpoch, HotSnapshot, Ring, StoreEvents
 
 log = logging.getLogger(__name__)
@@ -369,13 +372,29 @@ class PushState:
     follows: tuple[str, ...] = ()  # policies this process opened: only theirs are pushed with refs
 
 
+class Pushed:
+    """A snapshot the store pushed to this process: its ref and parsed header; once the follower has mapped it
+    ahead (off the read path), the ``snapshot`` itself, and what ``ready`` made of it (a module built ahead)."""
+
+    __slots__ = ("ref", "header", "snapshot", "ahead")
+
+    def __init__(self, ref: ray.ObjectRef, header: Header):
+        self.ref = ref
+        self.header = header
+        self.snapshot: Snapshot | None = None
+        self.ahead: object = None
+
+
 class Follower:
     """Reader side: follows one node store from a daemon thread (waiting on the store's doorbell, calling the store
     when there is news); thread-safe lookups for the read path. Pushed refs only of the policies this process
-    follows (the ones it opened), and of each only the newest: what it never opened costs it a version number."""
+    follows (the ones it opened), and of each only the newest: what it never opened costs it a version number.
+
+    A pushed snapshot is mapped ahead on the follower's thread as soon as it lands (``ray.get`` and the page
+    protection, then ``ready``, which may build what the process will want of it), so a read of it is a lookup."""
 
     def __init__(self, node_id: str, config: StoreConfig, on_deleted: Callable[[SnapshotId], None],
-                 on_catalog: Callable[[str], None]):
+                 on_catalog: Callable[[str], None], ready: Callable[[Snapshot], object] | None = None):
         self._name = store_name(node_id, config.league or DEFAULT_LEAGUE)
         self._on_catalog = on_catalog  # told the catalog's epoch: a new one numbers versions anew
         self._actor: ray.actor.ActorHandle | None = None  # looked up by name: a store started anew is found
@@ -383,9 +402,11 @@ class Follower:
         self._poll_s = config.poll_s
         self._max_staleness_s = config.max_staleness_s
         self._on_deleted = on_deleted
+        self._ready = ready
+        self._map_timeout_s = config.call_timeout_s
         self._lock = threading.Lock()
         self._latest: dict[str, int] = {}
-        self._hot: dict[SnapshotId, tuple[ray.ObjectRef, Header]] = {}
+        self._hot: dict[SnapshotId, Pushed] = {}
         self._as_of = -math.inf
         self._epoch: FeedEpoch | None = None
         self._seq = 0
@@ -402,8 +423,48 @@ class Follower:
             return None
         return self._latest.get(policy_id)
 
-    def hot(self, sid: SnapshotId) -> tuple[ray.ObjectRef, Header] | None:
+    def hot(self, sid: SnapshotId) -> Pushed | None:
         return self._hot.get(sid)
+
+    def take_ahead(self, sid: SnapshotId) -> object:
+        """What ``ready`` made of pushed ``sid`` (None: nothing yet), handed out once."""
+        with self._lock:
+            pushed = self._hot.get(sid)
+            if pushed is None:
+                return None
+            ahead, pushed.ahead = pushed.ahead, None
+            return ahead
+
+    def unmap(self) -> None:
+        """Let go of what was mapped ahead (``clear_cache``): the next read of each pushed snapshot maps it anew."""
+        with self._lock:
+            for pushed in self._hot.values():
+                pushed.snapshot = pushed.ahead = None
+
+    def own(self, sid: SnapshotId, ref: ray.ObjectRef, head: bytes) -> None:
+        """This process published ``sid`` and holds its ref (the store's reply): read it as if pushed, and follow
+        its policy (the push drops it when the store lets go of it)."""
+        pushed = Pushed(ref, parse_head(head, name=str(sid)))
+        self.used(sid)
+        with self._lock:
+            if any(s.policy_id == sid.policy_id and s.version > sid.version for s in self._hot):
+                return  # a newer version was pushed meanwhile
+            for old in [s for s in self._hot if s.policy_id == sid.policy_id]:
+                del self._hot[old]
+            pushed = self._hot.setdefault(sid, pushed)
+        # mapped as soon as Ray has it, on Ray's thread (the follower's may be waiting on its doorbell)
+        ref.future().add_done_callback(functools.partial(self._mapped, sid, pushed))
+
+    def _mapped(self, sid: SnapshotId, pushed: Pushed, future: concurrent.futures.Future) -> None:
+        """``pushed`` arrived (``future`` holds what ``ray.get`` returns): map it for the read path."""
+        try:
+            snap = Snapshot(sid, open_shared(future.result(), what=str(sid)), pushed.ref, pushed.header)
+        except Exception as exc:  # gone meanwhile, or not protectable: the read path copes
+            log.debug("policystore: %s not mapped ahead: %s", sid, exc)
+            return
+        with self._lock:
+            if self._hot.get(sid) is pushed and pushed.snapshot is None:
+                pushed.snapshot = snap
 
     def used(self, sid: SnapshotId) -> None:
         """This process opened a snapshot (no store call on the read path of a pushed one: the next call to the
@@ -489,7 +550,9 @@ class Follower:
         with self._lock:
             self._adopt.difference_update(adopt)
         self._apply(events)
-        return True
+        if events.hot:
+            self._map_ahead(session)
+        return not self._stop.is_set()
 
     def _heard(self, ring: Ring) -> bool:
         """Whether the doorbell's ring holds no news for this follower; if so its ``as_of`` is this follower's too
@@ -513,6 +576,25 @@ class Follower:
                 if time.monotonic() >= deadline:
                     raise
 
+    def _map_ahead(self, session: str | None) -> None:
+        """Map the pushed snapshots not mapped yet (newest first), off the read path: a read of one is then a
+        lookup. One that does not arrive, or cannot be protected, is left to the read path (which asks the store)."""
+        with self._lock:
+            todo = [(sid, p) for sid, p in self._hot.items() if p.snapshot is None]
+        for sid, pushed in sorted(todo, key=lambda item: -item[0].version):
+            try:
+                value = self._wait(pushed.ref.future(), session, self._map_timeout_s)
+                if value is None:
+                    return
+                snap = Snapshot(sid, open_shared(value, what=str(sid)), pushed.ref, pushed.header)
+                ahead = self._ready(snap) if self._ready is not None else None
+            except Exception as exc:  # gone meanwhile, stuck, or not protectable: the read path copes
+                log.debug("policystore: %s not mapped ahead: %s", sid, exc)
+                continue
+            with self._lock:
+                if self._hot.get(sid) is pushed:
+                    pushed.snapshot, pushed.ahead = snap, ahead
+
     def _apply(self, events: StoreEvents) -> None:
         if not events.reset and events.epoch != self._epoch:
             self._epoch = None  # a different store answered (restarted): ask for its whole state
@@ -520,7 +602,7 @@ class Follower:
         parsed = {}
         for snap in events.hot:  # parsed here, off the read path (the header says the snapshot's size)
             try:
-                parsed[snap.id] = (snap.refs[0], parse_head(snap.header, name=str(snap.id)))
+                parsed[snap.id] = Pushed(snap.refs[0], parse_head(snap.header, name=str(snap.id)))
             except Exception as exc:  # never trust a header unchecked; such a snapshot is read with a round trip
                 log.warning("policystore: ignoring pushed %s: %s", snap.id, exc)
         if events.reset and events.epoch.catalog:
@@ -534,7 +616,9 @@ class Follower:
             newest = {sid.policy_id: sid.version for sid in sorted(parsed)}
             for sid in [s for s in self._hot if s.version < newest.get(s.policy_id, 0)]:
                 del self._hot[sid]  # superseded before this process opened it: let go of it
-            self._hot.update((sid, pushed) for sid, pushed in parsed.items() if sid.version == newest[sid.policy_id])
+            for sid, pushed in parsed.items():  # one held already (maybe mapped) is kept: within an epoch a
+                if sid.version == newest[sid.policy_id]:  # new ref of a sid comes after its gone
+                    self._hot.setdefault(sid, pushed)
             for pid, version in events.latest.items():
                 if version:
                     self._latest[pid] = version

@@ -24,7 +24,7 @@ from policystore.config import CATALOG_NAME, NAMESPACE, catalog_name, store_name
 from policystore.errors import UnknownPolicyError, UnknownVersionError
 from policystore.ids import SnapshotId
 from policystore.server import StoreServer
-from policystore.watch import Doorbell, Feed
+from policystore.watch import Doorbell, Feed, Pushed
 from policystore.wire import FeedEpoch, HotSnapshot
 
 MiB = 1024 * 1024
@@ -193,6 +193,61 @@ def test_a_publisher_reads_its_own_write_at_once(make_store):
         assert store.latest_version("mine") == version
 
 
+def test_reads_never_go_backwards_whatever_threads_race(make_store):
+    """Monotonic reads in one process: two threads publish one policy at once while a third reads "latest"
+    (``latest_version``, ``get``, ``load_module``) without pause. No read answers below a publish acknowledged
+    before it began, and the reader never answers below what it answered before; once both publishes returned,
+    "latest" is at least the higher of the two."""
+    store = make_store(max_staleness_s=30.0)  # a push this old still counts as fresh: only the floor helps
+    weights = {kind: weights_of_mib(1, seed=seed) for seed, kind in enumerate(("first", "second"))}
+
+    class Weights(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", torch.empty_like(weights["first"]["w"]))
+
+    acked: list[tuple[float, int]] = []  # (when acknowledged, version)
+    reads: list[tuple[float, int]] = []  # (when the read began, version answered)
+    stop = threading.Event()
+
+    def reader() -> None:
+        reads_of = (lambda: store.latest_version("race"), lambda: store.get("race").id.version,
+                    lambda: store.load_module("race", Weights).policystore_snapshot.id.version)
+        while not stop.is_set():
+            for read in reads_of:
+                began = time.monotonic()
+                reads.append((began, read()))
+
+    def publisher(kind: str) -> None:
+        version = store.publish("race", weights[kind]).version
+        acked.append((time.monotonic(), version))
+
+    store.publish("race", weights["first"])
+    poller = threading.Thread(target=reader)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns far more often than by default: more interleavings tried
+    poller.start()
+    try:
+        for _ in range(40):
+            racers = [threading.Thread(target=publisher, args=(kind,)) for kind in weights]
+            for racer in racers:
+                racer.start()
+            for racer in racers:
+                racer.join()
+            highest = max(version for _, version in acked[-2:])
+            assert store.latest_version("race") >= highest
+            assert store.get("race").id.version >= highest
+    finally:
+        stop.set()
+        poller.join()
+        sys.setswitchinterval(switch)
+    answered = [version for _, version in reads]
+    assert answered == sorted(answered), "a read answered older than an earlier read of this process"
+    for began, version in reads:
+        floor = max((v for when, v in acked if when < began), default=0)
+        assert version >= floor, f"a read begun after v{floor} was acknowledged answered v{version}"
+
+
 def test_stale_push_falls_back_to_the_store_and_held_refs_still_serve(make_store, reader):
     store = make_store(max_staleness_s=0.4)
     store.publish("p", net().state_dict())
@@ -346,9 +401,9 @@ def test_a_pushed_ref_that_never_arrives_is_dropped_and_the_store_asked(make_sto
     store.publish("stuck", weights_of_mib(0.1, seed=3))
     sid = store.get("stuck").id  # opened (and let go): its pushes now come with refs
     follower = store._follower
-    eventually(lambda: follower.hot(sid) is not None, "the pushed ref")
+    eventually(lambda: follower.state().fresh and follower.hot(sid) is not None, "the pushed ref")
     never = Never.remote()
-    follower._hot[sid] = (never.value.remote(), follower.hot(sid)[1])  # the fault: a ref that never resolves
+    follower._hot[sid] = Pushed(never.value.remote(), follower.hot(sid).header)  # the fault: a ref that never resolves
     before = round_trips(store)
     snap = store.get("stuck")
     assert snap.id == sid and torch.equal(snap["w"], weights_of_mib(0.1, seed=3)["w"])
