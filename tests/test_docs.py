@@ -128,12 +128,14 @@ class Command:
 
 
 def module_and_args(command: Command | str) -> tuple[str, list[str]]:
+    """(module, arguments), where a script (`python examples/x.py`) is its path: it runs as a script, with its own
+    folder first on sys.path and not the clone's root, as `python examples/x.py` does."""
     argv = shlex.split(command) if isinstance(command, str) else command.argv()
     if argv[0] == "policystore":
         return "policystore", argv[1:]
     if argv[1] == "-m":
         return argv[2], argv[3:]
-    return argv[1].removesuffix(".py").replace("/", "."), argv[2:]
+    return argv[1], argv[2:]
 
 
 def commands(page: Path, inline: bool = True, tables: bool = False) -> list[Command]:
@@ -177,7 +179,7 @@ NAMED += [c for c in commands(DOCS / "cli.md", tables=True) if c not in NAMED]  
 # Runs each command's module as `python -m` would, up to its parser: argparse parses the command's arguments for
 # real and then stops the run, so nothing trains, starts Ray or touches a file.
 PARSE_ONLY = r"""
-import argparse, json, runpy, sys
+import argparse, json, os, runpy, sys
 
 class Parsed(BaseException):
     pass
@@ -190,10 +192,19 @@ for name in ("parse_args", "parse_known_args"):
     setattr(argparse.ArgumentParser, name, stop)
 
 results = []
+root, path = os.getcwd(), list(sys.path)
 for module, args in json.loads(sys.argv[1]):
     sys.argv = [module, *args]
+    script = module.endswith(".py")
+    if script:  # python examples/x.py: its folder on sys.path, not the root a `-m` run would add
+        sys.path[:] = [os.path.dirname(os.path.abspath(module))] + [p for p in path if os.path.abspath(p) != root]
+        for name in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+            del sys.modules[name]
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(module, run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
         results.append("ran without parsing its arguments")
     except Parsed:
         results.append("")
@@ -201,6 +212,7 @@ for module, args in json.loads(sys.argv[1]):
         results.append("" if exc.code in (0, None) else f"exit {exc.code}")
     except BaseException as exc:
         results.append(f"{type(exc).__name__}: {exc}")
+    sys.path[:] = path
 print(json.dumps(results))
 """
 
