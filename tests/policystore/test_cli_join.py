@@ -38,12 +38,13 @@ def token_cluster(tmp_path_factory):
     (not the one in ~/.ray/auth_token)."""
     tmp = tmp_path_factory.mktemp("head")
     token = secrets.token_hex(32)
-    head = subprocess.Popen([sys.executable, "-c", HEAD, str(tmp / "spill")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
+    with open(tmp / "head.log", "w") as log:
+        head = subprocess.Popen([sys.executable, "-c", HEAD, str(tmp / "spill")], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
+                                env=_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
     try:
         address = head.stdout.readline().strip()
-        assert address, "the head process did not start"
+        assert address, f"the head process did not start: {(tmp / 'head.log').read_text()[-3000:]}"
         yield address, token
     finally:
         head.stdin.close()
