@@ -26,8 +26,11 @@ def _env_factory(name: str) -> Callable[[], Any]:
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("pettingzoo.classic."):
             raise ValueError(f"pettingzoo has no classic game {name!r} (e.g. tictactoe_v3, connect_four_v3)") from exc
-        raise ImportError(f"{PETTINGZOO_PREFIX}{name} needs the pettingzoo extra: "
-                          f"pip install 'policystore[pettingzoo]' (missing {exc.name})") from exc
+        if exc.name and exc.name.split(".")[0] == "pettingzoo":
+            raise ImportError(f"{PETTINGZOO_PREFIX}{name} needs the pettingzoo extra: "
+                              f"pip install 'policystore[pettingzoo]'") from exc
+        raise ImportError(f"{PETTINGZOO_PREFIX}{name} needs {exc.name}, which pettingzoo's classic games import: "
+                          f"pip install 'pettingzoo[classic]'") from exc
     return module.env
 
 
@@ -43,9 +46,12 @@ class PettingZooVec:
         self.agents = list(probe.possible_agents)
         if len(self.agents) != 2:
             raise ValueError(f"only two-player games are supported, this one has agents {self.agents}")
-        shape = probe.observation_space(self.agents[0])["observation"].shape
-        if len(shape) != 3:
-            raise ValueError(f"expected (rows, cols, planes) observations, got shape {shape}")
+        space = probe.observation_space(self.agents[0])
+        shape = getattr(getattr(space, "spaces", {}).get("observation"), "shape", None)
+        if shape is None or len(shape) != 3 or not hasattr(probe.action_space(self.agents[0]), "n"):
+            raise ValueError(f"the league plays turn-based board games whose observation is {{'observation': (rows, "
+                             f"cols, planes), 'action_mask': ...}} with one discrete move per turn (tictactoe_v3, "
+                             f"connect_four_v3); this game observes {space}")
         rows, cols, planes = shape
         self.plane_shape = (planes, rows, cols)
         self.num_actions = int(probe.action_space(self.agents[0]).n)

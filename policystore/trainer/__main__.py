@@ -19,15 +19,19 @@ import argparse
 import dataclasses
 import sys
 
-from policystore.league.games import CONNECT4
+from policystore.league.games import CONNECT4, get_game
 from policystore.trainer.config import DEFAULT_MINUTES, TrainConfig
-from policystore.trainer.run import train
+from policystore.trainer.run import train_in
+from policystore.trainer.rundir import prepare_run_dir
+from policystore.trainer.usage import bad_input
+
+PROG = "python -m policystore.trainer"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = TrainConfig()
     dl = d.league
-    p = argparse.ArgumentParser(prog="python -m policystore.trainer", description=__doc__,
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="where config, league state, store spill files, "
                    "checkpoints and the report go")
@@ -111,15 +115,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Everything the command line says is checked before Ray starts: the run folder, the game, the settings."""
     args = parse_args(argv)
-    if args.resume:
-        train(args.run_dir, resume=True, minutes=args.minutes)
-        return 0
-    try:
-        config = config_from_args(args)
-    except ValueError as exc:  # a setting out of range: say which, before anything starts
-        raise SystemExit(f"python -m policystore.trainer: {exc}") from None
-    train(args.run_dir, config)
+    config = None
+    if not args.resume:
+        with bad_input(PROG, f"--game {args.game}"):
+            get_game(args.game).make(1)  # the game exists, is installed and is a turn-based board game
+        with bad_input(PROG):
+            config = config_from_args(args)
+    with bad_input(PROG, "--run-dir"):
+        rd, config = prepare_run_dir(args.run_dir, config, args.resume)
+    train_in(rd, config, args.resume, args.minutes)
     return 0
 
 

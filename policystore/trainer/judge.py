@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,9 +83,9 @@ def _random_prefix(rng: np.random.Generator, stones: int) -> tuple[int, ...]:
 
 
 def sample_positions(count: int, seed: int = 0, stones: tuple[int, int] = STONES, node_limit: int = NODE_LIMIT,
-                     cache_dir: Path | None = CACHE_DIR) -> PositionSet:
+                     cache_dir: Path | None = CACHE_DIR, done: Callable[[int], None] | None = None) -> PositionSet:
     """The first ``count`` positions that matter from the random games of ``seed`` (a fixed seed, a fixed set;
-    a smaller count is a prefix of a larger one)."""
+    a smaller count is a prefix of a larger one). ``done(n)`` hears how many are found so far."""
     if not 0 <= stones[0] <= stones[1] < COLS * 6:
         raise ValueError(f"stones must be a range within 0..41, got {stones}")
     cache = _Cache(cache_dir, seed, stones, node_limit)
@@ -107,6 +107,8 @@ def sample_positions(count: int, seed: int = 0, stones: tuple[int, int] = STONES
                                      "solve: raise the node limit or the fewest stones")
             elif len({v for v in values if v is not None}) > 1:
                 found.append(JudgedPosition(moves, values))
+                if done is not None:
+                    done(len(found))
     finally:
         cache.save()
     return PositionSet(found, skipped, sampled)

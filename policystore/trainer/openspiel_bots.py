@@ -32,7 +32,7 @@ def _pyspiel():
         import pyspiel
         from open_spiel.python.algorithms import mcts
     except ImportError as e:
-        raise SystemExit("OpenSpiel opponents need the openspiel extra: pip install -e \".[openspiel]\"") from e
+        raise ImportError("OpenSpiel opponents need the openspiel extra: pip install 'policystore[openspiel]'") from e
     return pyspiel, mcts
 
 

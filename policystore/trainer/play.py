@@ -15,7 +15,9 @@ import numpy as np
 from policystore.league.connect4 import COLS, VecConnectFour
 from policystore.league.constants import DEFAULT_PLAYER
 from policystore.trainer.policy import load_policy
+from policystore.trainer.usage import bad_input
 
+PROG = "python -m policystore.trainer.play"
 SYMBOLS = {0: ".", 1: "X", 2: "O"}
 
 
@@ -49,7 +51,7 @@ def play_game(agent: Callable, human_player: int, read: Callable[[str], str] = i
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m policystore.trainer.play", description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True, help="a directory written by `python -m policystore.trainer`")
     parser.add_argument("--player", default=None, help=f"player or snapshot to play (default: {DEFAULT_PLAYER})")
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.search < 0:
         parser.error("--search must be >= 0")
-    agent = load_policy(args.run_dir, args.player, search=args.search)
+    with bad_input(PROG):
+        agent = load_policy(args.run_dir, args.player, search=args.search)
     try:
         play_game(agent, human_player=2 if args.second else 1)
     except (KeyboardInterrupt, EOFError):

@@ -26,6 +26,7 @@ from policystore.trainer.display import LiveDisplay, print_summary
 from policystore.trainer.evaluate import evaluate
 from policystore.trainer.league_actor import LeagueActor
 from policystore.trainer.learner import LearnerShard
+from policystore.trainer.progress import console as full_width_console
 from policystore.trainer.rundir import RunDir, prepare_run_dir
 from policystore.workers.modules import SnapshotModules
 from policystore.workers.rollout import RolloutWorker, WorkerConfig
@@ -36,7 +37,7 @@ RESCALE_EVERY_S = 20.0  # how often the snapshot budgets follow the measured env
 class Trainer:
     def __init__(self, rd: RunDir, config: TrainConfig, resume: bool, console: Console | None = None):
         self.rd, self.config, self.resume = rd, config, resume
-        self.console = console or Console()
+        self.console = console or full_width_console()
         self.curve: list[dict[str, Any]] = rd.read_json(rd.curve, [])
         self.elapsed_before = float(rd.read_json(rd.state, {}).get("elapsed_s", 0.0))
         self.owns_ray = False
@@ -170,6 +171,12 @@ def train(run_dir: str | Path, config: TrainConfig | None = None, resume: bool =
           minutes: float | None = None, console: Console | None = None) -> dict[str, Any]:
     """Train (or, ``resume``, continue) a league in ``run_dir`` for ``minutes`` (default: the config's)."""
     rd, config = prepare_run_dir(run_dir, config, resume)
+    return train_in(rd, config, resume, minutes, console)
+
+
+def train_in(rd: RunDir, config: TrainConfig, resume: bool, minutes: float | None = None,
+             console: Console | None = None) -> dict[str, Any]:
+    """``train`` in a run directory already prepared (``rundir.prepare_run_dir``)."""
     minutes = minutes if minutes is not None else config.minutes
     trainer = Trainer(rd, config, resume, console)
     try:
@@ -183,3 +190,4 @@ def train(run_dir: str | Path, config: TrainConfig | None = None, resume: bool =
         raise SystemExit(130) from None
     finally:
         trainer.shutdown()
+        rd.release()

@@ -27,7 +27,7 @@ def test_evaluate_plays_both_seats_against_each_opponent(search):
 
 
 def test_unknown_opponent_is_named():
-    with pytest.raises(SystemExit, match="unknown opponent 'alphazero'"):
+    with pytest.raises(ValueError, match="unknown opponent 'alphazero'"):
         evaluate(PolicyNet(16), games_per_seat=1, opponents=("alphazero",))
 
 
