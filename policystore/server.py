@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from . import memory
+from . import leftovers, memory
 from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, running, store_name
 from .deadline import wait
 from .errors import (
@@ -166,6 +166,8 @@ class StoreServer:
         self.config = config
         self.node_id = node_id
         session = ray.get_runtime_context().get_session_name()
+        # ended sessions' default spill folders on this node go (leftovers.py), off the start's path
+        threading.Thread(target=leftovers.sweep, args=(session,), name="policystore-sweep", daemon=True).start()
         spill_dir = config.resolved_spill_dir(session, node_id)
         self.disk = DiskTier(spill_dir, compress=config.compress, capacity_bytes=config.disk_capacity_bytes)
         self.durable = _open_durable(config.durable_uri)

@@ -1,0 +1,63 @@
+"""Default spill folders of ended Ray sessions are removed when a store starts; those of live sessions stay. Real
+processes stand for live sessions (a process naming the session on its command line, as Ray's GCS and raylet do),
+and a real store start does the sweep."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ray
+
+import policystore
+from policystore import leftovers
+from policystore.config import StoreConfig
+
+BASE = Path(StoreConfig.default_root("x")).parent
+
+
+def _session_folder(name: str) -> Path:
+    folder = BASE / name / "node"
+    folder.mkdir(parents=True)
+    (folder / "main_0").mkdir()
+    (folder / "main_0" / "0000000001.safetensors").write_bytes(b"x" * 100)
+    return folder.parent
+
+
+def test_ended_sessions_go_live_ones_stay(tmp_path):
+    ended = _session_folder("session_2000-01-01_00-00-00_000000_1")
+    live_name = "session_2000-01-01_00-00-00_000000_2"
+    live = _session_folder(live_name)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", f"--session-name={live_name}"],
+                              stdin=subprocess.PIPE)
+    try:
+        assert live_name in leftovers.live_sessions()
+        removed = leftovers.sweep()
+        assert ended in removed and not ended.exists()
+        assert live.exists() and live not in removed
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert live in leftovers.sweep() and not live.exists()  # its process is gone: the session ended
+
+
+def test_a_store_start_sweeps_ended_sessions_and_keeps_its_own():
+    ended = _session_folder("session_2000-01-01_00-00-00_000000_3")
+    ray.init(address="local", num_cpus=1, object_store_memory=100_000_000, include_dashboard=False,
+             logging_level="warning")
+    try:
+        store = policystore.connect(policystore.StoreConfig())
+        store.publish("main_0", {"w": __import__("torch").ones(2)})
+        own = Path(StoreConfig.default_root(ray.get_runtime_context().get_session_name()))
+        deadline = time.monotonic() + 60
+        while ended.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not ended.exists()
+        assert own.is_dir()  # this session's folder, in use
+    finally:
+        policystore.client.shutdown_all()
+        ray.shutdown()
+    deadline = time.monotonic() + 30  # the session ended with ray.shutdown: a sweep takes its folder
+    while own not in leftovers.sweep() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not own.exists()
