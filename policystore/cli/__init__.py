@@ -111,21 +111,20 @@ def cmd_export(source: Source, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_import(source: Source, args: argparse.Namespace, out: Output) -> int:
-    online = _online(source, "import")
     check_policy_id(args.policy)
     extra = _meta_option(args.meta)
     weights, meta = load_weights_file(Path(args.file))
     meta.update(extra)
-    sid = online.publish(args.policy, weights, meta, args.durable)
+    sid = _online(source).publish(args.policy, weights, meta, args.durable)
     out.message({"imported": str(args.file), "policy_id": sid.policy_id, "version": sid.version, "meta": meta},
                 f"imported {args.file} as {sid}")
     return EXIT_OK
 
 
 def cmd_rm(source: Source, args: argparse.Namespace, out: Output) -> int:
-    online = _online(source, "rm")
     if args.version is None and not args.all:
         raise UsageError(f"rm {args.policy} would delete every version: name a VERSION or pass --all")
+    online = _online(source)
     sid = _select(online.rows(args.policy), args.policy, args.version).id if args.version is not None else None
     deleted = online.delete(sid, check_policy_id(args.policy))
     out.message({"deleted": [str(s) for s in deleted]}, f"deleted {', '.join(map(str, deleted)) or 'nothing'}")
@@ -153,8 +152,8 @@ def cmd_gc(source: Source, args: argparse.Namespace, out: Output) -> int:
         raise UsageError("gc needs --keep-last N (N >= 1, so the latest version of every policy stays)")
     if args.keep_last < 1:
         raise UsageError(f"--keep-last must be >= 1, got {args.keep_last}")
-    online = None if args.dry_run else _online(source, "gc without --dry-run")
-    keep, drop = retention(_rows(source, args.policy), args.keep_last, args.keep_meta)
+    online = None if args.dry_run else _online(source)
+    keep, drop = retention(_rows(online or source, args.policy), args.keep_last, args.keep_meta)
     deleted = [str(s) for row in drop for s in online.delete(row.id, row.id.policy_id)] if online else []
     result = {"dry_run": args.dry_run, "kept": [str(r.id) for r in keep], "delete": [str(r.id) for r in drop],
               "deleted": deleted, "freed_nbytes": sum(r.nbytes for r in drop)}
@@ -274,10 +273,10 @@ def _select(rows: list[Row], policy_id: str, version: int | None) -> Row:
     raise UnknownVersionError(f"{policy_id} has no version {version} (it has {[r.id.version for r in rows]})")
 
 
-def _online(source: Source, what: str) -> ClusterSource:
-    if not source.online:
-        raise UsageError(f"{what} changes the league through its catalog: run it against a cluster (--address)")
-    return source  # type: ignore[return-value]
+def _online(source: Source) -> ClusterSource:
+    """The source through which a command changes the league: the cluster, or a stopped league's folder served by a
+    private local Ray for this command."""
+    return source.writable()
 
 
 COMMANDS: dict[str, tuple[Callable[..., int], str, str]] = {
@@ -385,5 +384,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.error(str(exc))
         return EXIT_PROBLEM
     finally:
-        if isinstance(source, ClusterSource):
+        if source is not None:
             source.close()

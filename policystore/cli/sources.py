@@ -5,18 +5,26 @@ spill or durable folder (through the Ray-free ``policystore.reader``), or a dura
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..config import StoreConfig
+from ..durable import MARKER_SUFFIX
 from ..errors import PolicyStoreError
 from ..format import Expected
 from ..ids import SnapshotId
 from ..wire import DURABLE, StoreStats
 from .output import CopyCheck, FolderStats, Row, UsageError, Verified, record
+
+LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # a private Ray for one offline change: snapshots it serves stay on disk
+RUN_LOCK = ".lock"  # held (flock) by a trainer in its run folder, the parent of the run's store
 
 
 class Source:
@@ -35,6 +43,13 @@ class Source:
 
     def buffer(self, row: Row) -> np.ndarray:  # the snapshot's raw safetensors bytes
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Let go of what the source holds (a cluster connection, a private local Ray)."""
+
+    def writable(self) -> ClusterSource:
+        """A source through which the league can be changed (its catalog numbers and deletes versions)."""
+        raise UsageError(f"{self.where} cannot be changed offline")
 
     def stats(self) -> list[StoreStats | FolderStats]:
         rows = self.rows()
@@ -79,6 +94,9 @@ class ClusterSource(Source):
         if self._shutdown is not None:
             self._shutdown()
 
+    def writable(self) -> ClusterSource:
+        return self
+
     def rows(self, policy_id: str | None = None, limit: int | None = None,
              after: SnapshotId | None = None) -> list[Row]:
         merged: dict[SnapshotId, Row] = {}
@@ -121,6 +139,57 @@ class ClusterSource(Source):
         return [SnapshotId(*s) for s in self.local.delete(policy_id, sid.version if sid else None)]
 
 
+class LocalSource(ClusterSource):
+    """A stopped league's folder (a spill folder with its catalog database, or a durable tier), served for one
+    command by a private local Ray with one store on it: a change goes through the same catalog and store code as
+    on a cluster (versions deleted for good, tombstones in the durable tier), then everything stops."""
+
+    def __init__(self, config: StoreConfig, where: str, scratch: str | None = None):
+        import ray
+
+        from .. import client
+
+        if ray.is_initialized():
+            raise UsageError(f"{where}: changing a stopped league's folder starts a private Ray, and this process "
+                             "already runs one")
+        self._scratch = scratch
+        ray.init(address="local", num_cpus=1, object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False,
+                 logging_level="error", log_to_driver=False, configure_logging=False)
+        self._shutdown = ray.shutdown
+        try:
+            self.local = client.connect(config)
+        except BaseException:
+            self.close()
+            raise
+        self.stores = {ray.get_runtime_context().get_node_id(): self.local}
+        self.where = where
+
+    def close(self) -> None:
+        from .. import client
+
+        try:
+            if hasattr(self, "local"):
+                self.local.flush()
+                client.shutdown_all()
+        finally:
+            super().close()
+            if self._scratch:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _not_in_use(folder: Path) -> None:
+    """Refuse a folder a running trainer holds (its run folder's lock): a second store on it would race the first."""
+    lock = folder.parent / RUN_LOCK
+    if not lock.exists():
+        return
+    with open(lock) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"a trainer runs in {folder.parent}: change its league through its cluster (--address), "
+                             "or stop it first") from None
+
+
 class DurableSource(Source):
     """A durable tier (folder of commit markers or object-storage URI), read without a cluster."""
 
@@ -128,7 +197,19 @@ class DurableSource(Source):
         from ..durable import DurableTier
 
         self.tier = DurableTier.open(uri)
+        self.uri = uri
         self.where = f"durable tier {uri}"
+        self._local: LocalSource | None = None
+
+    def writable(self) -> ClusterSource:
+        if self._local is None:
+            scratch = tempfile.mkdtemp(prefix="policystore-offline-")
+            self._local = LocalSource(StoreConfig(durable_uri=self.uri, spill_dir=scratch), self.where, scratch)
+        return self._local
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
 
     def rows(self, policy_id: str | None = None) -> list[Row]:
         return [Row(sid, s.nbytes, s.checksum, s.meta, s.created, (DURABLE,), {DURABLE: DURABLE}, s.nbytes)
@@ -148,7 +229,25 @@ class FolderSource(Source):
         from ..reader import open_folder
 
         self.reader = open_folder(path)
+        self.path = Path(path)
         self.where = f"folder {path}"
+        self._local: LocalSource | None = None
+
+    def writable(self) -> ClusterSource:
+        if self._local is None:
+            _not_in_use(self.path)
+            if any(self.path.glob(f"*/*{MARKER_SUFFIX}")):  # a durable tier's folder: its markers say what is committed
+                scratch = tempfile.mkdtemp(prefix="policystore-offline-")
+                config = StoreConfig(durable_uri=str(self.path.resolve()), spill_dir=scratch)
+            else:
+                scratch, config = None, StoreConfig(spill_dir=str(self.path.resolve()))
+            self._local = LocalSource(config, self.where, scratch)
+        return self._local
+
+    def close(self) -> None:
+        self.reader.close()
+        if self._local is not None:
+            self._local.close()
 
     def rows(self, policy_id: str | None = None) -> list[Row]:
         return [Row(info.id, info.nbytes, info.checksum, info.meta, info.created, ("folder",), {"folder": "file"},
@@ -182,10 +281,12 @@ def open_source(args: argparse.Namespace) -> Source:
     if args.dir:
         if "://" in args.dir and not args.dir.startswith("file://"):
             return DurableSource(args.dir)
-        path = args.dir.removeprefix("file://")
-        if not Path(path).is_dir():
+        path = Path(args.dir.removeprefix("file://"))
+        if not path.is_dir():
             raise UsageError(f"--dir {args.dir}: no such folder")
-        return FolderSource(path)
+        if (path / "config.json").is_file() and (path / "store").is_dir():  # a trainer's run folder: its store
+            path = path / "store"
+        return FolderSource(str(path))
     from .join import check_address
 
     if args.address:

@@ -120,10 +120,9 @@ def test_offline_gc_dry_run_and_refusals(capsys, durable_dir, tmp_path, monkeypa
     plan = json.loads(out)
     assert plan["delete"] == ["main_0@v1"] and plan["deleted"] == []
     assert set(plan["kept"]) == {"expl@v1", "main_0@v2", "main_0@v3"}
-    for argv in (["gc", "--keep-last", "1"],  # deleting needs the cluster's catalog
-                 ["gc", "--keep-last", "0", "--dry-run"],  # the latest version always stays
+    for argv in (["gc", "--keep-last", "0", "--dry-run"],  # the latest version always stays
                  ["gc", "--dry-run"],  # no retention rule
-                 ["rm", "main_0", "1"], ["import", str(tmp_path), "p"],
+                 ["rm", "main_0"], ["import", str(tmp_path), "p"],
                  ["ls", "nosuch"], ["ls", "../escape"], ["verify", "main_0", "9"]):
         code, _ = run_cli(capsys, "--dir", str(durable_dir), *argv)
         assert code == EXIT_USAGE, argv

@@ -14,6 +14,10 @@ def test_config_round_trips_through_the_run_directory(tmp_path):
     config = TrainConfig(minutes=2, workers=3, league=LeagueConfig(main_agents=2, first_run_steps=50_000))
     rd, saved = prepare_run_dir(tmp_path / "run", config, resume=False)
     assert RunDir(tmp_path / "run").load_config() == saved == config
+    with pytest.raises(FileExistsError, match="another trainer runs in"):
+        prepare_run_dir(tmp_path / "run", config, resume=False)
+    rd.write_json(rd.state, {"elapsed_s": 1.0})  # its first checkpoint
+    rd.release()
     with pytest.raises(FileExistsError, match="--resume"):
         prepare_run_dir(tmp_path / "run", config, resume=False)
     with pytest.raises(FileNotFoundError, match="not a trainer run directory"):
@@ -93,9 +97,10 @@ def test_the_command_lines_defaults_are_the_default_config_and_its_flags_reach_i
                                           (["--lr-final", "-1"], "lr_final"),
                                           (["--search-sims", "0"], "search_sims"),
                                           (["--scripted", "winblock,perfect"], "scripted players")])
-def test_a_setting_out_of_range_stops_the_command_before_anything_starts(tmp_path, flags, named):
+def test_a_setting_out_of_range_stops_the_command_before_anything_starts(capsys, tmp_path, flags, named):
     from policystore.trainer.__main__ import main
 
-    with pytest.raises(SystemExit, match=named):
+    with pytest.raises(SystemExit) as exit_info:
         main(["--run-dir", str(tmp_path / "run"), *flags])
+    assert exit_info.value.code == 2 and named in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

@@ -1,0 +1,69 @@
+"""``policystore rm`` and ``gc`` on a stopped league's folder, with no cluster running: the command serves the folder
+with a private local Ray for the change (the same catalog and store code as online), then stops it. A trainer's run
+folder leads to its store, and a folder a running trainer holds is refused."""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from policystore.cli import EXIT_OK, EXIT_USAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+LEAGUE = """
+import sys, ray, torch, policystore
+ray.init(address="local", num_cpus=1, object_store_memory=100_000_000, include_dashboard=False)
+store = policystore.connect(policystore.StoreConfig(spill_dir=sys.argv[1]))
+for step, meta in enumerate([{}, {"frozen": True}, {}, {}]):
+    store.publish("main_0", {"w": torch.full((4,), float(step))}, meta)
+store.flush()
+policystore.client.shutdown_all()
+ray.shutdown()
+"""
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-m", "policystore", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def versions(run: Path) -> list[int]:
+    result = cli("--dir", str(run), "--json", "ls")
+    assert result.returncode == EXIT_OK, result.stderr
+    return [row["version"] for row in json.loads(result.stdout)]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A stopped trainer-style run folder: config.json beside store/, where a league of main_0 v1..v4 (v2 frozen)
+    ran and stopped."""
+    run = tmp_path_factory.mktemp("offline") / "run"
+    (run / "store").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    subprocess.run([sys.executable, "-c", LEAGUE, str(run / "store")], cwd=ROOT, check=True, timeout=300)
+    return run
+
+
+def test_gc_and_rm_change_a_stopped_league_offline(run):
+    assert versions(run) == [1, 2, 3, 4]  # --dir on the run folder reads its store
+    result = cli("--dir", str(run), "gc", "--keep-last", "1", "--keep-meta", "frozen")
+    assert result.returncode == EXIT_OK, result.stderr
+    assert versions(run) == [2, 4]
+    result = cli("--dir", str(run / "store"), "rm", "main_0", "2")
+    assert result.returncode == EXIT_OK, result.stderr
+    assert versions(run) == [4]
+    assert not list(Path(run / "store" / "main_0").glob("0*2.*"))  # its file is gone, not only its listing
+
+
+def test_a_folder_a_running_trainer_holds_is_refused(run):
+    before = versions(run)
+    with open(run / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = cli("--dir", str(run), "rm", "main_0", "4")
+    assert result.returncode == EXIT_USAGE and "a trainer runs in" in result.stderr
+    assert versions(run) == before
