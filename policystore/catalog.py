@@ -199,6 +199,7 @@ class CatalogServer:
         self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
         self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
         self._bell: Bell | None = None  # found (or started) when the first watcher asks for it
+        self._beats = 0  # rung to the doorbell by ``_beat``: the ``as_of`` of this catalog's rings
         self._calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
         opened = catalogdb.open_db(self._path)
@@ -494,14 +495,31 @@ class CatalogServer:
                 self._bell = node_doorbell(ray.get_runtime_context().get_node_id(),
                                            catalog_name(self.config.league or DEFAULT_LEAGUE))
                 self._ring()
+                threading.Thread(target=self._beat, name="policystore-catalog-beat", daemon=True).start()
             return self._bell
+
+    def _beat(self) -> None:
+        """Ring the doorbell every ``poll_s / 2`` whether or not anything changed, each beat after the doorbell
+        took the last one: the catalog's own word, to every store at once, that it had no news after its ``seq``.
+        Idle stores wait for it on the doorbell (``Doorbell.after_beats``) and never call the catalog, so an idle
+        cluster costs the catalog one doorbell call per beat whatever its node count; a stuck catalog (its lock
+        held) beats no more, and its stores' ``as_of`` stops moving, as it would without beats."""
+        while True:
+            time.sleep(self.config.poll_s / 2)
+            with self._lock:
+                self._beats += 1
+                taken = self._bell.actor.ring.remote(self._bell.channel, Ring(self._seq, self._beats, self._epoch))
+            try:
+                ray.get(taken, timeout=self.config.call_timeout_s)
+            except Exception as exc:  # the doorbell restarting: the stores call the catalog meanwhile
+                log.warning("catalog: a beat was not taken (%s)", type(exc).__name__)
 
     def _ring(self) -> None:
         """Tell the doorbell the current event number (caller holds the lock: rings go out in order). Never fails
         the change just made: watchers that miss a ring ask anyway within half a poll."""
         if self._bell is not None:
             try:
-                self._bell.ring(Ring(self._seq, 0.0, self._epoch))
+                self._bell.ring(Ring(self._seq, self._beats, self._epoch))
             except Exception as exc:
                 log.warning("catalog: ringing the doorbell failed (%s)", type(exc).__name__)
 

@@ -252,8 +252,10 @@ class StoreServer:
     # ---- push ----------------------------------------------------------------------------------------------
     def _follow_catalog(self) -> None:
         """Keep the feed's latest versions and deletes in step with the catalog (daemon thread): wait on the
-        catalog's doorbell for news (at most half a reader's poll), then ask the catalog for it. Only the catalog's
-        own answer moves ``as_of``: a doorbell that answers while the catalog is stuck proves nothing."""
+        catalog's doorbell for news or the catalog's next beat, and ask the catalog only for news (or when no beat
+        came within two polls). Only the catalog's own word moves ``as_of``: its answer, or a beat it sent after
+        the wait began (``Doorbell.after_beats``); a doorbell that answers while the catalog is stuck proves
+        nothing."""
         since, epoch, failures = 0, None, 0
         heard = None  # the last catalog epoch applied: a different one is a new database, re-register with it
         bell = None
@@ -263,7 +265,12 @@ class StoreServer:
                 if bell is None:
                     bell = ray.get(self.catalog.doorbell.remote(), timeout=limit)
                 if epoch is not None:
-                    ray.get(bell.wait(since, epoch, self.config.poll_s / 2), timeout=limit)
+                    asked = time.monotonic()
+                    ring, proven = ray.get(bell.after_beats(since, epoch, self.config.poll_s * 2), timeout=limit)
+                    if proven and ring.seq == since and ring.epoch == epoch:  # idle: the catalog's beat says so
+                        failures = 0
+                        self.feed.heard_until(asked)
+                        continue
                 sent = time.monotonic()
                 events: CatalogEvents = ray.get(self.catalog.watch.remote(since if epoch else 0, 0), timeout=limit)
             except Exception as exc:  # catalog restarting: readers see the feed go stale and ask directly

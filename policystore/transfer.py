@@ -37,7 +37,11 @@ from .ids import SnapshotId
 log = logging.getLogger(__name__)
 
 FANOUT = 1  # nodes a holder serves directly per snapshot: 1 is a chain (every uplink carries one copy)
-STALL_S = 10.0  # a source that sends nothing for this long is given up (its bytes so far are kept)
+STALL_S = 30.0  # a source that sends nothing for this long is given up (its bytes so far are kept)
+# How long a node serving its landing copy waits for more of it: its own fetch gives up on a stalled source (and
+# fails the landing, which ends the streams it serves) well before this; downstream nodes wait for it rather than
+# all leaving a stalled chain for the same holder at once.
+LANDING_WAIT_S = 120.0
 SEND_SLICE = 4 << 20  # the most bytes one send hands the kernel (the rest as more lands)
 _REQUEST = struct.Struct("!HQ")  # key length, offset
 _ANSWER = struct.Struct("!q")  # total bytes; -1: not here (followed by a reason of at most 1 KiB)
@@ -184,6 +188,8 @@ class Relay:
                     return landing.buf
                 except Exception as exc:  # dead, stalled, no copy: the next holder, from the same offset
                     problems.append(f"node {node}: {type(exc).__name__}: {brief(exc)}")
+                    log.info("fetching %s from node %s failed at byte %d (%s); trying another source", sid, node,
+                             landing.filled, problems[-1])
             landing.fail(f"no holder of {sid} could send it: {'; '.join(problems)}")
             return None
         except BaseException as exc:
@@ -244,13 +250,13 @@ class Relay:
                 log.info("a stream to a peer ended early: %s: %s", type(exc).__name__, brief(exc))
 
     def _send_landing(self, conn: socket.socket, landing: Landing, offset: int) -> None:
-        landing.wait(-1, STALL_S * 6)  # its size is known once its own source answered
+        landing.wait(-1, LANDING_WAIT_S)  # its size is known once its own source answered
         total = landing.buf.nbytes
         conn.sendall(_ANSWER.pack(total))
         view = memoryview(landing.buf)
         pos = offset
         while pos < total:
-            filled = landing.wait(pos, STALL_S)
+            filled = landing.wait(pos, LANDING_WAIT_S)
             pos = self._send(conn, view, pos, filled)
 
     def _send(self, conn: socket.socket, view: memoryview, start: int, end: int) -> int:

@@ -269,6 +269,11 @@ class Doorbell:
         self._waiting: dict[str, int] = {}
         self._about: dict[str, dict[str, int]] = {}  # channel -> policy -> the last event about it
         self._for_all: dict[str, int] = {}  # channel -> the last event about everyone
+        # a catalog's beats (rings whose ``as_of`` moved): how many arrived, whether the last followed its
+        # predecessor (as_of + 1: the same catalog sent it after that one was taken), and who waits for the next
+        self._beats: dict[str, int] = {}
+        self._in_turn: dict[str, bool] = {}
+        self._beat: dict[str, asyncio.Future] = {}
 
     @ray.method(enable_task_events=_TASK_EVENTS)
     async def ring(self, channel: str, ring: Ring) -> None:
@@ -279,6 +284,12 @@ class Doorbell:
         if ring.everyone or ring.epoch != last.epoch:
             self._for_all[channel] = ring.seq
         self._about.setdefault(channel, {}).update(dict.fromkeys(ring.touched, ring.seq))
+        if ring.as_of != last.as_of:
+            self._beats[channel] = self._beats.get(channel, 0) + 1
+            self._in_turn[channel] = ring.as_of == last.as_of + 1
+            beat = self._beat.pop(channel, None)
+            if beat is not None and not beat.done():
+                beat.set_result(None)
         news = self._news.get(channel)
         if (ring.seq, ring.epoch) != (last.seq, last.epoch) and news is not None and not news.done():
             news.set_result(None)
@@ -322,6 +333,37 @@ class Doorbell:
             self._waiting[channel] -= 1
         return self._rings.get(channel, _SILENT)
 
+    @ray.method(enable_task_events=_TASK_EVENTS)
+    async def after_beats(self, channel: str, since: int, epoch: str, timeout_s: float) -> tuple[Ring, bool]:
+        """A catalog's ring once it names an event after ``since`` (or another epoch), or once it is a beat the
+        catalog sent after this call arrived: then True, and the ring is the catalog's own word that it had no
+        news after ``since`` at a time later than the caller's call (``as_of`` may move to the call's start),
+        though the caller never called the catalog. False after ``timeout_s`` (the catalog is stuck, gone or cut
+        off: nothing is proven). The catalog beats once per taken beat (``catalog._beat``), so the second beat to
+        arrive after this call, if it follows the first in turn, was sent after this call arrived."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(max(float(timeout_s), 0.0), 60.0)
+        arrived = self._beats.get(channel, 0)
+        self._waiting[channel] = self._waiting.get(channel, 0) + 1
+        try:
+            while self._quiet(channel, since, epoch, None):
+                if self._beats.get(channel, 0) >= arrived + 2 and self._in_turn.get(channel):
+                    return self._rings[channel], True
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                beat = self._beat.get(channel)
+                if beat is None or beat.done():
+                    beat = self._beat[channel] = loop.create_future()
+                news = self._news.get(channel)
+                if news is None or news.done():
+                    news = self._news[channel] = loop.create_future()
+                await asyncio.wait([asyncio.shield(beat), asyncio.shield(news)], timeout=remaining,
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiting[channel] -= 1
+        return self._rings.get(channel, _SILENT), False
+
     async def waiters(self, channel: str) -> int:
         """Followers waiting on ``channel`` now."""
         return self._waiting.get(channel, 0)
@@ -344,6 +386,10 @@ class Bell:
              ) -> ray.ObjectRef:
         """A ref to the ring after ``since`` (see ``Doorbell.wait``)."""
         return self.actor.wait.remote(self.channel, since, epoch, timeout_s, follows)
+
+    def after_beats(self, since: int, epoch: str, timeout_s: float) -> ray.ObjectRef:
+        """A ref to a catalog's ring after ``since``, or to its next beat (see ``Doorbell.after_beats``)."""
+        return self.actor.after_beats.remote(self.channel, since, epoch, timeout_s)
 
     def waiters(self) -> ray.ObjectRef:
         return self.actor.waiters.remote(self.channel)
