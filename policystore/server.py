@@ -253,7 +253,7 @@ class StoreServer:
     def _follow_catalog(self) -> None:
         """Keep the feed's latest versions and deletes in step with the catalog (daemon thread): wait on the
         catalog's doorbell for news or the catalog's next beat, and ask the catalog only for news (or when no beat
-        came within two polls). Only the catalog's own word moves ``as_of``: its answer, or a beat it sent after
+        came within four polls). Only the catalog's own word moves ``as_of``: its answer, or a beat it sent after
         the wait began (``Doorbell.after_beats``); a doorbell that answers while the catalog is stuck proves
         nothing."""
         since, epoch, failures = 0, None, 0
@@ -266,7 +266,7 @@ class StoreServer:
                     bell = ray.get(self.catalog.doorbell.remote(), timeout=limit)
                 if epoch is not None:
                     asked = time.monotonic()
-                    ring, proven = ray.get(bell.after_beats(since, epoch, self.config.poll_s * 2), timeout=limit)
+                    ring, proven = ray.get(bell.after_beats(since, epoch, self.config.poll_s * 4), timeout=limit)
                     if proven and ring.seq == since and ring.epoch == epoch:  # idle: the catalog's beat says so
                         failures = 0
                         self.feed.heard_until(asked)
