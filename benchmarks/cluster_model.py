@@ -3,15 +3,19 @@
 A discrete-event simulation of one learner update reaching every node. Transfers share bandwidth as fluids (every
 running transfer gets ``min(stream, node_out / uploads at its source, node_in / downloads at its destination)``,
 all scaled down together when they would exceed what the whole fabric moves at once); a rate changes only when
-a transfer starts or ends, so the simulation jumps from event to event. Three ways to spread it:
+a transfer starts or ends, so the simulation jumps from event to event. Four ways to spread it:
 
   star   every node fetches from the publishing node (what a single source gives)
-  tree   the store's way: a node fetches from a node that already holds a whole copy, serves fewer than
-         --max-serving copies at that moment and has served fewer than --max-served in all (the least served
-         first); a node that finished becomes a source after
+  tree   the store's way before the pipeline (kept to compare): a node fetches from a node that already
+         holds a whole copy, serves fewer than --max-serving copies at that moment and has served fewer than
+         --max-served in all (the least served first); a node that finished becomes a source after
          --holder-delay-s (how long until others learn it holds the snapshot); each fetch is the reader's call
          to its store (whose catalog follower already has the entry), a call to the source, the transfer, then
          the checksum beside the copy into the node's own object
+  chain  the store's way (``policystore.transfer``): a pipeline in which every node forwards bytes as they
+         land, each source serving --fanout nodes (1: a chain); closed form, not simulated: every node's link
+         carries --fanout copies at once, the last node's bytes trail the first's by one hop (half an actor
+         call) per level, then the checksum beside the own copy
   ray    Ray's own broadcast (``ray.get`` of one object on every node): each node pulls from a node that holds a
          whole copy when it asks (Ray lists a location once the copy there is whole); every node asks at once,
          so the publisher serves them all, with no call, checksum or own copy
@@ -23,22 +27,30 @@ the catalog actor's throughput for small calls. Every node of a local cluster sh
 memory, so its "fabric" is the machine; the 300-node figures replace the fabric and the node's NIC by the stated
 network and keep the per-call and per-byte costs measured here.
 
+``--testbed RESULTS.json ...`` calibrates on ``benchmarks.fanout_net`` runs instead (an emulated network: one
+link's rate and a measured copy over it, the calls between nodes, checksum and copy rates, the catalog's calls)
+and puts the model's figures beside each measured fan-out (``testbed`` rows: predicted, measured, error).
+
 Rows:
   calibration   the measured costs (seconds per call, bytes/s)
+  testbed       (``--testbed``) per run, size and way: predicted_s, measured_s, error (predicted / measured - 1)
   prediction    the model's time until every node holds a new snapshot, per mode, nodes and size, with the
                 busiest node's copies served and bytes sent
   fanout        (``--measure``) benchmarks.scale's fan-out rows, run on a local cluster of --nodes afterwards
-  league        the 300-node league of docs/scaling.md: update time per mode, bytes out of the busiest node,
-                catalog calls/s and the catalog's headroom (its measured throughput / that load), memory per node
+  league        the league of docs/scaling.md at each of --league-nodes (300 and 1,000): update time per mode,
+                bytes out of the busiest node, catalog calls/s and the catalog's headroom (its measured
+                throughput / that load), memory per node
 
     python -m benchmarks.cluster_model --quick
     python -m benchmarks.cluster_model --nodes 8 --sizes-mib 64,256 --measure
+    python -m benchmarks.cluster_model --testbed results/fanout_net8/results.json results/fanout_net16/results.json
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import logging
 import math
 import random
@@ -46,16 +58,17 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
-from policystore.transfer import FANOUT as SERVES_PER_SNAPSHOT
+from policystore.transfer import FANOUT
 
 from . import harness
 from .harness import MiB
 
 log = logging.getLogger("benchmarks.cluster_model")
-MODES = ("star", "tree", "ray")
+MODES = ("star", "tree", "chain", "ray")
 GB = 1e9
 
 
@@ -83,11 +96,29 @@ class Spread:
     rounds: float  # total_s over the time of one lone transfer: about log2(nodes) for a tree
 
 
+def pipeline(nodes: int, nbytes: float, costs: Costs, fanout: int = FANOUT) -> Spread:
+    """A new snapshot streamed from node 0 through a pipeline of ``fanout`` copies per source (1: a chain)."""
+    levels = nodes - 1 if fanout == 1 else math.ceil(math.log(nodes * (fanout - 1) + 1, fanout)) - 1
+    rate = min(costs.stream_bps, costs.node_bps / fanout, costs.fabric_bps / max(1, nodes - 1))
+    # the reader's resolve, the route calls and the connects of every node run at once, before the first byte;
+    # then each level adds the time a node takes to pass on what just landed: a one-way message between nodes,
+    # taken as half an actor call's round trip (an assumption: an actor call is two messages plus Ray's own work)
+    before = 3 * costs.call_s
+    hop = costs.call_s / 2
+    after = max(nbytes / costs.checksum_bps, nbytes / costs.copy_bps)
+    first = before + nbytes / rate + after
+    total = first + (levels - 1) * hop
+    return Spread(total, first + (levels - 1) * hop / 2, fanout, fanout * nbytes, total / first)
+
+
 def spread(mode: str, nodes: int, nbytes: float, costs: Costs, *, max_serving: int = 3, max_served: int = 3,
-           holder_delay_s: float = 0.0, seed: int = 0) -> Spread:
-    """Simulate one new snapshot of ``nbytes`` on node 0 reaching nodes 1..nodes-1 (all ask at once)."""
+           holder_delay_s: float = 0.0, seed: int = 0, fanout: int = FANOUT) -> Spread:
+    """One new snapshot of ``nbytes`` on node 0 reaching nodes 1..nodes-1 (all ask at once): simulated, or for
+    ``chain`` the pipeline's closed form."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+    if mode == "chain":
+        return pipeline(nodes, nbytes, costs, fanout)
     rng = random.Random(seed)
     store = mode != "ray"
     # the reader's resolve and the store's serve call (the catalog's entry came with its watch answer), or the get
@@ -273,10 +304,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = harness.make_parser("cluster_model", __doc__)
     parser.add_argument("--nodes", type=int, default=8, help="local cluster to predict (and measure) (%(default)s)")
     parser.add_argument("--sizes-mib", type=harness.int_list, default=[64, 256], help="(%(default)s)")
-    parser.add_argument("--max-serving", type=int, default=SERVES_PER_SNAPSHOT,
+    parser.add_argument("--max-serving", type=int, default=3,
                         help="tree: copies a source serves at once (%(default)s: it serves every fetcher it takes)")
-    parser.add_argument("--max-served", type=int, default=SERVES_PER_SNAPSHOT,
-                        help="tree: copies a source serves per snapshot (%(default)s: the store's share)")
+    parser.add_argument("--max-served", type=int, default=3,
+                        help="tree: copies a source serves per snapshot (%(default)s: the old store's share)")
+    parser.add_argument("--fanout", type=int, default=FANOUT,
+                        help="chain: nodes a source streams to at once (%(default)s: the store's, a chain)")
+    parser.add_argument("--league-nodes", type=harness.int_list, default=[300, 1000],
+                        help="node counts of the extrapolated league (%(default)s)")
+    parser.add_argument("--testbed", type=Path, nargs="+", metavar="RESULTS_JSON",
+                        help="calibrate on these benchmarks.fanout_net runs instead of a local cluster")
     parser.add_argument("--holder-delay-s", type=float, default=0.0,
                         help="tree: from a node's copy being whole to others fetching from it (%(default)s)")
     parser.add_argument("--calibrate-mib", type=int, default=64, help="transfer size for calibration")
@@ -287,10 +324,14 @@ def main(argv: list[str] | None = None) -> None:
         args.nodes, args.sizes_mib, args.calibrate_mib = 4, [4], 4
     harness.setup_logging(args.verbose)
     results = harness.Results("cluster_model", args, {k: str(v) for k, v in vars(args).items() if k != "out"})
-    costs = calibrate(args.nodes, args.calibrate_mib * MiB)
-    results.emit({"row": "calibration", **asdict(costs)})
-    knobs = {"max_serving": args.max_serving, "max_served": args.max_served, "holder_delay_s": args.holder_delay_s}
-    for mib in args.sizes_mib:
+    knobs = {"max_serving": args.max_serving, "max_served": args.max_served, "holder_delay_s": args.holder_delay_s,
+             "fanout": args.fanout}
+    if args.testbed:
+        costs = against_testbed(results, args.testbed, knobs)
+    else:
+        costs = calibrate(args.nodes, args.calibrate_mib * MiB)
+        results.emit({"row": "calibration", **asdict(costs)})
+    for mib in [] if args.testbed else args.sizes_mib:
         for mode in MODES:
             s = spread(mode, args.nodes, mib * MiB, costs, **knobs)
             results.emit({"row": "prediction", "mode": mode, "nodes": args.nodes, "snapshot_mib": mib,
@@ -303,13 +344,42 @@ def main(argv: list[str] | None = None) -> None:
     league = League()
     network = replace(costs, node_bps=league.nic_bps, fabric_bps=math.inf,
                       stream_bps=max(costs.stream_bps, league.nic_bps))
-    for mode in MODES:
-        s = spread(mode, league.nodes, league.snapshot_bytes, network, **knobs)
-        results.emit({"row": "league", "mode": mode, "nodes": league.nodes, "snapshot_mib": league.snapshot_bytes / MiB,
-                      **asdict(s), **catalog_load(league, costs),
-                      **{k: v / GB for k, v in node_memory_bytes(league).items()}})
-    results.finish(["row", "mode", "nodes", "snapshot_mib", "total_s", "node_p50_s", "max_served", "rounds",
-                    "catalog_calls_per_s", "headroom", "store_bytes", "loadavg_1m"])
+    for nodes in args.league_nodes:
+        sized = replace(league, nodes=nodes)
+        for mode in MODES:
+            s = spread(mode, nodes, league.snapshot_bytes, network, **knobs)
+            results.emit({"row": "league", "mode": mode, "nodes": nodes, "snapshot_mib": league.snapshot_bytes / MiB,
+                          **asdict(s), **catalog_load(sized, costs),
+                          **{k: v / GB for k, v in node_memory_bytes(sized).items()}})
+    results.finish(["row", "mode", "nodes", "snapshot_mib", "total_s", "predicted_s", "measured_s", "error",
+                    "max_served", "max_sent_bytes", "catalog_calls_per_s", "headroom", "loadavg_1m"])
+
+
+def against_testbed(results: harness.Results, paths: Sequence[Path], knobs: dict) -> Costs:
+    """Costs from ``benchmarks.fanout_net`` runs (their calibration rows and one-link copies), and the model's
+    figure beside each fan-out they measured; returns the first run's costs (for the league)."""
+    first = None
+    for path in paths:
+        rows = json.loads(Path(path).read_text())["rows"]
+        cal = next(r for r in rows if r["row"] == "calibration")
+        for row in (r for r in rows if r["row"] == "fanout" and r["way"] != "one_link"):
+            one = next(r for r in rows if r["row"] == "fanout" and r["way"] == "one_link"
+                       and r["snapshot_mib"] == row["snapshot_mib"] and r["round"] == row["round"])
+            nbytes = row["snapshot_mib"] * MiB
+            link = cal["rate_mbit"] * 1e6 / 8
+            costs = Costs(call_s=cal["call_s"], catalog_call_s=cal["catalog_call_s"],
+                          stream_bps=nbytes / one["total_s"], node_bps=link, fabric_bps=math.inf,
+                          checksum_bps=cal["checksum_bps"], copy_bps=cal["copy_bps"])
+            first = first or costs
+            mode = "chain" if row["way"] == "policystore" else "ray"
+            predicted = spread(mode, row["nodes"], nbytes, costs, **knobs).total_s
+            results.emit({"row": "testbed", "mode": mode, "nodes": row["nodes"], "snapshot_mib": row["snapshot_mib"],
+                          "round": row["round"], "predicted_s": predicted, "measured_s": row["total_s"],
+                          "error": predicted / row["total_s"] - 1, "run_loadavg_1m": row["loadavg_1m"],
+                          **{f"cal_{k}": v for k, v in asdict(costs).items()}})
+    if first is None:
+        raise SystemExit("cluster_model: no fan-out rows in " + ", ".join(map(str, paths)))
+    return first
 
 
 if __name__ == "__main__":

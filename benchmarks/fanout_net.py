@@ -103,6 +103,8 @@ def drive(args) -> None:
         warm = ray.get(source.publish.remote("fanout_warmup", MiB, 0))  # untimed: leases, handles between stores
         ray.get([r.fetch.remote("fanout_warmup", warm) for r in readers])
         ray.get([r.get.remote(ray.get(source.put.remote(MiB, 0))) for r in readers])
+        results.emit({"row": "calibration", "nodes": len(stores), "rate_mbit": args.rate_mbit,
+                      **calibrate(readers[0], max(args.sizes_mib) * MiB)})
         for mib in args.sizes_mib:
             nbytes = mib * MiB
             floor = nbytes * 8 / (args.rate_mbit * 1e6)
@@ -145,9 +147,36 @@ def drive(args) -> None:
         shutil.rmtree(spill, ignore_errors=True)
 
 
+def calibrate(far, nbytes: int) -> dict[str, float]:
+    """What the cluster model needs besides the link (``benchmarks.cluster_model --testbed``): an actor call to
+    another node, the checksum and copy rates here, the catalog's time per small call with 32 in flight."""
+    from policystore.config import CATALOG_NAME, NAMESPACE
+    from policystore.format import pack, verify_buffer
+
+    call_s = statistics.median(harness.timed(lambda: ray.get(far.ping.remote()), 20, warmup=3))
+    buf = pack({"w": np.ones(nbytes // 4, dtype=np.float32)}, policy_id="calibration")
+    checksum_s = statistics.median(harness.timed(lambda: verify_buffer(buf, name="calibration"), 3))
+    out = np.empty_like(buf)
+    copy_s = statistics.median(harness.timed(lambda: np.copyto(out, buf), 3))
+    catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+    total, pending = 256, []
+    start = time.perf_counter()
+    for _ in range(total):
+        pending.append(catalog.lookup.remote("fanout_warmup"))
+        if len(pending) >= 32:
+            ray.get(pending.pop(0))
+    ray.get(pending)
+    catalog_call_s = (time.perf_counter() - start) / total
+    return {"call_s": call_s, "checksum_bps": buf.nbytes / checksum_s, "copy_bps": buf.nbytes / copy_s,
+            "catalog_call_s": catalog_call_s}
+
+
 @ray.remote(num_cpus=0.01)
 class Probe:
     """One process on one node: publishes or reads through the node's store, or puts/gets a raw object."""
+
+    def ping(self) -> None:
+        return None
 
     def node(self) -> str:
         import policystore

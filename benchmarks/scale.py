@@ -18,7 +18,7 @@ fanout rows (one per size in --fanout-mib and round): a new snapshot published o
   one ray.put object by an actor per node: Ray's own transfer, the floor), both in the same run; total_s (until
   every node has it), node_p50_s / node_max_s, aggregate_gbps (bytes delivered to all nodes / total_s);
   policystore rows also: served_max (the most copies of this snapshot any one node's store served: a tree keeps
-  it at SERVES_PER_SNAPSHOT or below), x_ray_get (total_s over the ray_get row of the same size and round).
+  it at FANOUT or below), x_ray_get (total_s over the ray_get row of the same size and round).
 catalog_calls rows (one per policystore fan-out round): calls the catalog actor received from the publish until
   every store had told it its new copy (``CatalogServer.health().calls``), window_s seconds: calls_<method>
   (publish, lookup, update_holders, watch, ...); calls_per_snapshot: all but watch, which the stores' followers
@@ -47,7 +47,7 @@ import ray
 
 from policystore.catalog import CONCURRENCY_GROUPS, CatalogServer
 from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
-from policystore.transfer import FANOUT as SERVES_PER_SNAPSHOT
+from policystore.transfer import FANOUT
 from policystore.wire import Summary
 
 from . import harness
@@ -280,7 +280,7 @@ def fanout(results: harness.Results, args) -> None:
                 for mode in ("policystore", "ray_get"):
                     row = {"row": "fanout", "mode": mode, "nodes": len(nodes), "round": round_, "snapshot_mib": mib}
                     if mode == "policystore":
-                        row["serves_per_snapshot"] = args.serves_per_snapshot or SERVES_PER_SNAPSHOT
+                        row["serves_per_snapshot"] = args.serves_per_snapshot or FANOUT
                     if mode == "policystore":
                         served = [s.stats().served for s in stores.values()]
                         calls = ray.get(catalog.health.remote()).calls
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fanout-rounds", type=int, default=3, help="(%(default)s)")
     parser.add_argument("--serves-per-snapshot", type=int, default=0,
                         help="copies of one snapshot each store serves before it points at the nodes it served "
-                             "(default: the store's own, SERVES_PER_SNAPSHOT; the node count makes a star)")
+                             "(default: the store's own, FANOUT; the node count makes a star)")
     parser.add_argument("--skip-fanout", action="store_true", help="catalog rows only")
     args = parser.parse_args(argv)
     if args.quick:

@@ -187,7 +187,8 @@ class StoreServer:
         self._inflight: dict[SnapshotId, Future] = {}  # restores and fetches, one per snapshot
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="policystore-spill")
         self._counters: Counter[str] = Counter()
-        self.relay = Relay(ray.util.get_node_ip_address(), self._whole_copy)  # other nodes fetch from here
+        # other nodes fetch from here
+        self.relay = Relay(ray.util.get_node_ip_address(), self._whole_copy, on_served=lambda: self._count("served"))
         self.holders = HolderBatch(self._send_holders, HOLD_INTERVAL_S)
         self.uploads = _open_queue(self)
         self._high: dict[str, int] = {}  # per policy, the highest version seen handed out (see ``holdings``)
@@ -849,7 +850,7 @@ class StoreServer:
                 quarantined=tuple(self.disk.quarantined()),
                 durable_failures=self.uploads.failures if self.uploads is not None else 0,
                 durable_error=self.uploads.last_error if self.uploads is not None else None,
-                served=self.relay.served,
+                served=self._counters["served"],
                 served_max_per_snapshot=self.relay.served_most(),
                 unspilled=tuple(str(sid) for sid, _ in self._unspilled_locked()),
                 **{k: self._counters[k] for k in (

@@ -116,11 +116,13 @@ class _Routes:
 class Relay:
     """A store's end of the transfer: a listening socket that serves its copies (whole, or landing), the routing
     of requesters, and the fetch of a copy from other nodes. ``copy_of(sid)`` returns this node's whole copy of
-    ``sid`` (its bytes, readable while held) or None."""
+    ``sid`` (its bytes, readable while held) or None; ``on_served()`` is called after each stream sent whole."""
 
-    def __init__(self, host: str, copy_of: Callable[[SnapshotId], np.ndarray | None], fanout: int = FANOUT):
+    def __init__(self, host: str, copy_of: Callable[[SnapshotId], np.ndarray | None], fanout: int = FANOUT,
+                 on_served: Callable[[], None] = lambda: None):
         self.fanout = fanout
         self._copy_of = copy_of
+        self._on_served = on_served
         self._lock = threading.Lock()
         self._landing: dict[str, Landing] = {}
         self._routes: dict[SnapshotId, _Routes] = {}
@@ -246,6 +248,7 @@ class Relay:
                     del buf
                 with self._lock:
                     self.served += 1
+                self._on_served()
             except Exception as exc:  # the requester went away or this copy failed: it resumes elsewhere
                 log.info("a stream to a peer ended early: %s: %s", type(exc).__name__, brief(exc))
 

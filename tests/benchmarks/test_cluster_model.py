@@ -49,3 +49,18 @@ def test_catalog_load_counts_one_hold_batch_per_node_per_interval():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="unknown mode"):
         spread("gossip", 4, 1e6, NIC)
+
+
+@pytest.mark.parametrize("nodes", [8, 300, 1000])
+def test_a_chain_costs_about_one_copy_and_every_node_sends_at_most_one(nodes):
+    chain = spread("chain", nodes, 220e6, NIC)
+    one_copy = 220e6 / NIC.stream_bps
+    assert chain.max_served == 1 and chain.max_sent_bytes == 220e6
+    assert one_copy < chain.total_s < one_copy + nodes * 2 * 2 * NIC.call_s + 220e6 / NIC.copy_bps
+    assert chain.total_s < spread("ray", nodes, 220e6, NIC).total_s
+
+
+def test_a_pipelined_tree_carries_its_fanout_on_every_uplink():
+    tree = spread("chain", 64, 100e6, NIC, fanout=2)
+    assert tree.max_sent_bytes == 2 * 100e6
+    assert tree.total_s > 2 * 100e6 / NIC.node_bps  # each uplink carries two copies at once
