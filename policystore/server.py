@@ -718,12 +718,16 @@ class StoreServer:
         return self.relay.route(SnapshotId(check_policy_id(policy_id), check_version(version)), requester, force)
 
     def _whole_copy(self, sid: SnapshotId) -> np.ndarray | None:
-        """This node's whole copy of ``sid`` (restored into memory if only on disk) for a peer, or None."""
+        """This node's whole copy of ``sid`` (restored into memory if only on disk) for a peer, or None. A copy
+        whose bytes have all landed but that is not recorded yet (its checksum and own copy under way) is waited
+        for: the relay no longer serves it as landing, and the peer must not leave for another source."""
         with self._lock:
             entry = self._policies.get(sid.policy_id, {}).get(sid.version)
-        if entry is None or entry.corrupt:
+            landing = self._inflight.get(sid) if entry is None else None
+        if (entry is None and landing is None) or (entry is not None and entry.corrupt):
             return None
-        return unwrap(ray.get(self._copy_of(sid).refs[0], timeout=_FETCH_TIMEOUT_S))
+        hot = landing.result(_FETCH_TIMEOUT_S) if entry is None else self._copy_of(sid)
+        return unwrap(ray.get(hot.refs[0], timeout=_FETCH_TIMEOUT_S))
 
     def _fetch(self, sid: SnapshotId, info: CatalogEntry) -> HotSnapshot:
         """Copy a snapshot this node lacks from a node that holds it (or the durable tier): once per node."""
