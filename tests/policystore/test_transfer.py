@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+from helpers import eventually
 
 from policystore.ids import SnapshotId
 from policystore.transfer import Landing, Relay, Route, key
@@ -37,21 +38,26 @@ def test_routes_form_a_chain_and_a_breadth_first_tree():
 
 
 def test_a_node_serves_what_it_is_still_receiving():
+    """Node b's copy lands a mebibyte at a time; node c, streaming from b, holds each one before the next lands."""
     data = payload()
-    a, b, c = relay(copy=data), relay(), relay()
-    got: dict[str, np.ndarray] = {}
-
-    def fetch(name: str, node: Relay, source: Relay) -> None:
-        got[name] = node.fetch(SID, ["x"], lambda _n, _f: Route(address=source.address), [])
-
-    first = threading.Thread(target=fetch, args=("b", b, a))
-    first.start()
-    while key(SID) not in b._landing:  # b's copy is landing (or about to): c streams from it
-        pass
-    fetch("c", c, b)
-    first.join()
-    assert np.array_equal(got["b"], data) and np.array_equal(got["c"], data)
-    assert b.served == 1 and a.served == 1
+    b, c = relay(), relay()
+    landing = Landing()  # b's own fetch, driven by hand
+    landing.start(data.nbytes)
+    b._landing[key(SID)] = landing
+    got: list = []
+    fetch = threading.Thread(target=lambda: got.append(
+        c.fetch(SID, ["b"], lambda _n, _f: Route(address=b.address), [])))
+    fetch.start()
+    step = 1 << 20
+    for pos in range(0, data.nbytes, step):
+        end = min(pos + step, data.nbytes)
+        landing.buf[pos:end] = data[pos:end]
+        landing.landed(end - pos)
+        eventually(lambda end=end: getattr(c._landing.get(key(SID)), "filled", data.nbytes) >= end,
+                   f"c holds the first {end} bytes before more land at b")
+    fetch.join()
+    assert np.array_equal(got[0], data)
+    eventually(lambda: b.served == 1, "b counts its stream once it is sent")
 
 
 def test_a_failed_source_costs_no_bytes_already_received():
