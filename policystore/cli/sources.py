@@ -295,6 +295,12 @@ def open_source(args: argparse.Namespace) -> Source:
         return ClusterSource(check_address(os.environ["RAY_ADDRESS"], "RAY_ADDRESS"), args.league)
     import ray
 
-    if not ray.is_initialized():
-        raise UsageError("say where the snapshots are: --address (or RAY_ADDRESS) for a cluster, --dir offline")
-    return ClusterSource(None, args.league)
+    if ray.is_initialized():
+        return ClusterSource(None, args.league)
+    from ray._private.services import find_bootstrap_address  # what `ray status` reads: the last `ray start`
+
+    started = find_bootstrap_address(None)
+    if not started:
+        raise UsageError("say where the snapshots are: --address (or RAY_ADDRESS) for a cluster, --dir offline (and "
+                         "no cluster that `ray start` started runs on this machine)")
+    return ClusterSource(check_address(started, "the cluster `ray start` started on this machine,"), args.league)

@@ -67,6 +67,15 @@ def test_joins_with_the_token_from_the_environment_or_a_token_file(token_cluster
     (tmp_path / "token").write_text(token)
     result, _ = cli("--json", "ls", RAY_ADDRESS=address, RAY_AUTH_TOKEN_PATH=str(tmp_path / "token"))
     assert result.returncode == EXIT_OK, result.stderr
+    # no address at all: the cluster `ray start` started on this machine, as `ray status` finds it (Ray's temp
+    # folder here is the test's own, so no other job on the machine sees this record)
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(address)
+    result, _ = cli("--json", "du", RAY_TMPDIR=str(tmp_path), RAY_AUTH_TOKEN=token)
+    assert result.returncode == EXIT_OK, result.stderr
+    assert json.loads(result.stdout)["total"]["versions"] == 1
+    result, _ = cli("du", RAY_TMPDIR=str(tmp_path / "nothing"))
+    assert result.returncode == EXIT_USAGE and "--address" in result.stderr
 
 
 def test_a_wrong_or_missing_token_fails_in_seconds_with_one_line(token_cluster, tmp_path):
