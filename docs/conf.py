@@ -4,6 +4,7 @@ Built by CI with warnings as errors (``python -m sphinx -W --keep-going -n docs 
 links to a missing page or heading, or documents a name the package no longer has, fails the build.
 """
 
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -48,12 +49,18 @@ lexers["mermaid"] = TextLexer()
 
 
 def _fields(app, what, name, obj, options, lines):
-    """Docstrings list fields as ``name: what it is`` with indented continuation lines (readable in ``help()``);
-    as an rST field list (``:name: what it is``) they render as one, instead of failing the build."""
-    for i, line in enumerate(lines):
+    """Docstrings list their parameters as ``name: what it is`` with indented continuation lines (as ``help()``
+    shows them); as an rST definition list (the name as code, the text indented under it) they render as one
+    instead of failing the build."""
+    try:
+        names = set(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        return
+    out = []
+    for line in lines:
         match = _FIELD.match(line)
-        if match:
-            lines[i] = f":{match[1]}: {match[2]}"
+        out += [f"``{match[1]}``", f"    {match[2]}"] if match and match[1] in names else [line]
+    lines[:] = out
 
 
 _FIELD = re.compile(r"^([a-z][a-z0-9_]*): (.*)$")
