@@ -83,7 +83,8 @@ class ClusterSource(Source):
         self.where = f"league {league!r} on cluster {address or ray.get_runtime_context().gcs_address}"
         if running(catalog_name(league)) is None:
             self.close()
-            raise PolicyStoreError(f"no policystore catalog runs for {self.where}") from None
+            raise PolicyStoreError(f"no policystore catalog runs for {self.where}: a job that calls "
+                                   "policystore.connect() starts one (another league: --league NAME)") from None
         alive = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         serving = [n for n in alive if running(store_name(n, league)) is not None]
         here = ray.get_runtime_context().get_node_id()

@@ -78,6 +78,19 @@ def test_joins_with_the_token_from_the_environment_or_a_token_file(token_cluster
     assert result.returncode == EXIT_USAGE and "--address" in result.stderr
 
 
+def test_quiet_by_default_verbose_on_request(token_cluster, tmp_path):
+    """Reading a snapshot maps its pages read-only: said at INFO, so only -v prints it."""
+    address, token = token_cluster
+    quiet, _ = cli("--address", address, "export", "main_0", "-o", str(tmp_path / "a.safetensors"),
+                   RAY_AUTH_TOKEN=token)
+    assert quiet.returncode == EXIT_OK, quiet.stderr
+    assert quiet.stderr.strip() == "", quiet.stderr
+    verbose, _ = cli("--address", address, "-v", "export", "main_0", "-o", str(tmp_path / "b.safetensors"),
+                     RAY_AUTH_TOKEN=token)
+    assert verbose.returncode == EXIT_OK, verbose.stderr
+    assert "mapped read-only in this process" in verbose.stderr
+
+
 def test_a_wrong_or_missing_token_fails_in_seconds_with_one_line(token_cluster, tmp_path):
     address, _ = token_cluster
     result, seconds = cli("--address", address, "ls", RAY_AUTH_TOKEN="0" * 64)
