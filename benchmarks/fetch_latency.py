@@ -66,6 +66,7 @@ class Reader:
         self.private = spec()  # Ray's way loads into a module built once
         self.own_weights = random_weights(spec, 7)
         self.held: list[Any] = []  # the modules of the last round: what a worker plays until the next
+        self.own_version = 0  # its last own publish: deleted after the next (only the versions in play stay hot)
 
     def wait_pushed(self, policy_id: str, version: int, timeout_s: float = 60.0) -> bool:
         """Wait until the store's push of ``version`` has reached this process (where a played update starts)."""
@@ -110,6 +111,9 @@ class Reader:
             module = self.store.load_module(OWN, self.spec)
             elapsed = harness.clock() - start
             assert module.policystore_snapshot.id.version >= sid.version
+            if self.own_version:
+                self.store.delete(OWN, self.own_version)  # untimed
+            self.own_version = sid.version
             return elapsed, module
 
         cases = {"ray_broadcast": ray_broadcast, "played_update": played_update, "first_open": first_open}

@@ -458,6 +458,7 @@ class Follower:
         self._seq = 0
         self._used: set[SnapshotId] = set()  # opened since the last call to the store (its LRU learns with the next)
         self._follows: set[str] = set()  # policies opened here: their new versions are pushed with refs
+        self._reads: set[str] = set()  # policies read here (not only published): their pushes are mapped ahead
         self._adopt: set[str] = set()  # followed since the last call to the store
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"policystore-follow-{node_id[:12]}", daemon=True)
@@ -491,15 +492,16 @@ class Follower:
         """This process published ``sid`` and holds its ref (the store's reply): read it as if pushed, and follow
         its policy (the push drops it when the store lets go of it)."""
         pushed = Pushed(ref, parse_head(head, name=str(sid)))
-        self.used(sid)
+        self.used(sid, read=False)
         with self._lock:
+            reads = sid.policy_id in self._reads
             if any(s.policy_id == sid.policy_id and s.version > sid.version for s in self._hot):
                 return  # a newer version was pushed meanwhile
             for old in [s for s in self._hot if s.policy_id == sid.policy_id]:
                 del self._hot[old]
             pushed = self._hot.setdefault(sid, pushed)
-        # mapped as soon as Ray has it, on Ray's thread (the follower's may be waiting on its doorbell)
-        ref.future().add_done_callback(functools.partial(self._mapped, sid, pushed))
+        if reads:  # mapped as soon as Ray has it, on Ray's thread (the follower's may be waiting on its doorbell)
+            ref.future().add_done_callback(functools.partial(self._mapped, sid, pushed))
 
     def _mapped(self, sid: SnapshotId, pushed: Pushed, future: concurrent.futures.Future) -> None:
         """``pushed`` arrived (``future`` holds what ``ray.get`` returns): map it for the read path."""
@@ -512,11 +514,14 @@ class Follower:
             if self._hot.get(sid) is pushed and pushed.snapshot is None:
                 pushed.snapshot = snap
 
-    def used(self, sid: SnapshotId) -> None:
+    def used(self, sid: SnapshotId, read: bool = True) -> None:
         """This process opened a snapshot (no store call on the read path of a pushed one: the next call to the
-        store says so); from now on its policy's new versions are pushed with their refs."""
+        store says so), or published it (``read`` False); from now on its policy's new versions are pushed with
+        their refs, and, once it was read here, mapped ahead."""
         with self._lock:
             self._used.add(sid)
+            if read:
+                self._reads.add(sid.policy_id)
             if sid.policy_id not in self._follows:
                 self._follows.add(sid.policy_id)
                 self._adopt.add(sid.policy_id)
@@ -626,7 +631,7 @@ class Follower:
         """Map the pushed snapshots not mapped yet (newest first), off the read path: a read of one is then a
         lookup. One that does not arrive, or cannot be protected, is left to the read path (which asks the store)."""
         with self._lock:
-            todo = [(sid, p) for sid, p in self._hot.items() if p.snapshot is None]
+            todo = [(sid, p) for sid, p in self._hot.items() if p.snapshot is None and sid.policy_id in self._reads]
         for sid, pushed in sorted(todo, key=lambda item: -item[0].version):
             try:
                 value = self._wait(pushed.ref.future(), session, self._map_timeout_s)
