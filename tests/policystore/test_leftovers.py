@@ -2,6 +2,8 @@
 processes stand for live sessions (a process naming the session on its command line, as Ray's GCS and raylet do),
 and a real store start does the sweep."""
 
+import os
+import random
 import subprocess
 import sys
 import time
@@ -16,6 +18,11 @@ from policystore.config import StoreConfig
 BASE = Path(StoreConfig.default_root("x")).parent
 
 
+def _ended_name() -> str:
+    """A session name no Ray ever used (any store starting on this machine may sweep its folder, not only ours)."""
+    return f"session_2000-01-01_00-00-00_{random.randrange(10**6):06d}_{os.getpid()}"
+
+
 def _session_folder(name: str) -> Path:
     folder = BASE / name / "node"
     folder.mkdir(parents=True)
@@ -25,24 +32,25 @@ def _session_folder(name: str) -> Path:
 
 
 def test_ended_sessions_go_live_ones_stay(tmp_path):
-    ended = _session_folder("session_2000-01-01_00-00-00_000000_1")
-    live_name = "session_2000-01-01_00-00-00_000000_2"
+    ended = _session_folder(_ended_name())
+    live_name = _ended_name()
     live = _session_folder(live_name)
     holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", f"--session-name={live_name}"],
                               stdin=subprocess.PIPE)
     try:
         assert live_name in leftovers.live_sessions()
         removed = leftovers.sweep()
-        assert ended in removed and not ended.exists()
+        assert not ended.exists()  # by this sweep, or by a store that started meanwhile
         assert live.exists() and live not in removed
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
-    assert live in leftovers.sweep() and not live.exists()  # its process is gone: the session ended
+    leftovers.sweep()
+    assert not live.exists()  # its process is gone: the session ended
 
 
 def test_a_store_start_sweeps_ended_sessions_and_keeps_its_own():
-    ended = _session_folder("session_2000-01-01_00-00-00_000000_3")
+    ended = _session_folder(_ended_name())
     ray.init(address="local", num_cpus=1, object_store_memory=100_000_000, include_dashboard=False,
              logging_level="warning")
     try:
@@ -58,6 +66,7 @@ def test_a_store_start_sweeps_ended_sessions_and_keeps_its_own():
         policystore.client.shutdown_all()
         ray.shutdown()
     deadline = time.monotonic() + 30  # the session ended with ray.shutdown: a sweep takes its folder
-    while own not in leftovers.sweep() and time.monotonic() < deadline:
+    while own.exists() and time.monotonic() < deadline:
+        leftovers.sweep()
         time.sleep(0.5)
     assert not own.exists()
