@@ -64,6 +64,7 @@ from .errors import (
 )
 from .format import check_meta
 from .ids import SnapshotId, check_policy_id, check_version
+from .tombstones import Tombstones
 from .watch import Bell, node_doorbell
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Ring, Summary
 
@@ -195,6 +196,10 @@ class CatalogServer:
         holdings: Callable[[], tuple[Sequence[Holdings], Sequence[str]]] | None = None,
     ):
         self.config = config  # the cluster's store settings: stores started later, anywhere, use them
+        # a delete asked of the catalog directly writes the durable tier's tombstones before it is done; within half
+        # the caller's deadline, so the caller hears which tier was slow
+        self._tombstones = None if config.durable_uri is None else Tombstones(
+            config.durable_uri, min(config.durable_timeout_s, config.call_timeout_s / 2))
         self._path = Path(db_path)
         self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
         self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
@@ -471,18 +476,28 @@ class CatalogServer:
         return [_to_entry(row, holders.get((row[0], row[1]), ())) for row in rows]
 
     @_counted
-    def delete(self, policy_id: str, version: int | None = None) -> list[CatalogEntry]:
-        """Remove one version or all of them; returns the removed entries (with their holders to clean up).
+    def delete(self, policy_id: str, version: int | None = None, *, tombstones_queued: bool = False
+               ) -> list[CatalogEntry]:
+        """Remove one version or all of them (those committed when the call arrives); returns the removed entries
+        (with their holders to clean up).
 
         Deleted versions keep a tombstone: their numbers are never handed out again, and a store that comes back
-        with a copy is told to discard it.
+        with a copy is told to discard it. With a durable tier, its tombstones are written there first (DurableTier
+        Error naming the tier, and nothing deleted, if it does not take them in time), unless the caller is a
+        store that has queued them itself (``tombstones_queued``: recorded on its disk, retried until written).
         """
+        entries = self.list(policy_id) if version is None else [self.lookup(policy_id, version)]
+        if self._tombstones is not None and not tombstones_queued:
+            self._tombstones.write([e.id for e in entries])
         with self._write(durable=True) as db:
-            entries = self.list(policy_id) if version is None else [self.lookup(policy_id, version)]
-            for entry in entries:
+            removed = [e for e in entries if db.execute("SELECT state FROM snapshots WHERE pid = ? AND version = ?",
+                                                        e.id).fetchone() == (COMMITTED,)]
+            for entry in removed:
                 self._tombstone(db, entry.id)
             self._refresh_latest(db, policy_id)
-        return entries
+        if self._tombstones is not None and not tombstones_queued:
+            self._tombstones.remove_later([e.id for e in removed])
+        return removed
 
     # ---- watch ---------------------------------------------------------------------------------------------
     @_counted  # outermost: Ray may look through the wrapper to the function, which must carry the group too

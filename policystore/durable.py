@@ -365,14 +365,19 @@ class DurableTier:
         return None
 
     # ---- removal -------------------------------------------------------------------------------------------
-    def remove(self, sid: SnapshotId) -> None:
-        """Delete ``sid`` for good: its tombstone first, then its marker, then its data objects (leftovers of
-        failed writes included)."""
+    def tombstone(self, sid: SnapshotId) -> None:
+        """Mark ``sid`` deleted for good (never listed, served or written again): the first step of ``remove``."""
         body = json.dumps({"policy_id": sid.policy_id, "version": sid.version, "deleted": time.time()}).encode()
         folder = self._folder(sid.policy_id)
         _io(lambda: self.fs.create_dir(folder, recursive=True), f"create {folder} for the tombstone of {sid}")
         tombstone = self._path(sid, TOMBSTONE_SUFFIX)
         _io(lambda: self._put_small(tombstone, body), f"write the tombstone of {sid} to {self.uri}")
+
+    def remove(self, sid: SnapshotId) -> None:
+        """Delete ``sid`` for good: its tombstone first, then its marker, then its data objects (leftovers of
+        failed writes included)."""
+        self.tombstone(sid)
+        folder = self._folder(sid.policy_id)
         marker = self._path(sid)
         if not self._delete_quietly(marker):
             raise DurableTierError(f"could not remove the commit marker {marker} of {sid} from {self.uri}")

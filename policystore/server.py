@@ -875,7 +875,8 @@ class StoreServer:
     # ---- maintenance ---------------------------------------------------------------------------------------
     def delete(self, policy_id: str, version: int | None = None) -> list[SnapshotId]:
         """Delete one version, or every version when ``version`` is None, on every node. Versions are never reused."""
-        removed: list[CatalogEntry] = ray.get(self.catalog.delete.remote(policy_id, version))
+        removed: list[CatalogEntry] = ray.get(self.catalog.delete.remote(
+            policy_id, version, tombstones_queued=self.uploads is not None))  # queued below, recorded on disk
         peers = []
         for entry in removed:
             sid = entry.id

@@ -18,7 +18,9 @@ from helpers import RESTARTING, eventually
 
 import policystore
 from benchmarks.s3gate import S3Gate, close_all, connect
-from policystore.config import NAMESPACE, store_name
+from policystore import cli
+from policystore.catalog import CatalogServer
+from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
 from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.errors import (
     CorruptSnapshotError,
@@ -528,3 +530,41 @@ def test_a_damaged_spill_file_found_by_verify_is_replaced(make_store, tmp_path):
     eventually(lambda: store.verify("v", 1).disk is True, "the spill file written again from memory",
                ignore=RESTARTING)
     assert torch.equal(store.get("v", 1)["w"], _weights(1)["w"])
+
+
+def test_a_delete_through_the_catalog_leaves_a_tombstone_before_it_answers(make_store, tmp_path, capsys):
+    """The catalog actor's own delete (reachable by name from any driver): the durable tier has the tombstone when
+    the call returns, so `policystore --dir`, open_folder and a catalog rebuilt from the tier never list it again."""
+    uri = str(tmp_path / "durable")
+    store = make_store(durable_uri=uri)
+    gone = store.publish("cat", _weights(1), durable=True)
+    kept = store.publish("cat", _weights(2), durable=True)
+    catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+    assert [e.id for e in ray.get(catalog.delete.remote("cat", 1))] == [gone]
+    tier = DurableTier.open(uri)
+    assert tier.deleted_ids() == {gone} and tier.committed_ids() == {kept}  # written before the answer
+    assert cli.main(["--dir", uri, "ls", "--json"]) == 0
+    assert [(r["policy_id"], r["version"]) for r in json.loads(capsys.readouterr().out)] == [tuple(kept)]
+    with policystore.open_folder(uri) as folder:
+        assert [i.id for i in folder.list()] == [kept]
+    rebuilt = CatalogServer(str(tmp_path / "rebuilt.sqlite3"), StoreConfig(), seed=functools.partial(survey, uri))
+    assert [e.id for e in rebuilt.list()] == [kept]
+    rebuilt.close()
+    eventually(lambda: {p.name.partition(".")[2] for p in (tmp_path / "durable" / "cat").glob(f"{1:010d}.*")}
+               == {"deleted.json"}, "its marker and data removed, its tombstone kept")
+    assert [r.id for r in store.list("cat")] == [kept]
+
+
+def test_a_delete_through_the_catalog_is_refused_while_the_durable_tier_is_down(make_store, s3_server):
+    gate = S3Gate(s3_server.bucket, server_port=s3_server.port)
+    store = make_store(durable_uri=_s3_uri(s3_server, gate.port, "cat-down"), durable_timeout_s=10)
+    sid = store.publish("down", _weights(1), durable=True)
+    gate.set("down")
+    catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+    with pytest.raises(DurableTierError, match="nothing was deleted"):
+        ray.get(catalog.delete.remote("down", 1), timeout=60)
+    assert [r.id for r in store.list("down")] == [sid]
+    gate.set("up")
+    ray.get(catalog.delete.remote("down", 1), timeout=60)
+    assert DurableTier.open(_s3_uri(s3_server, s3_server.port, "cat-down")).deleted_ids() == {sid}
+    gate.set("down")
