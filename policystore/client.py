@@ -272,9 +272,13 @@ class PolicyStore:
         session = self._live()
         before = session.seen.get(policy_id, 0)  # seen before this publish began: its version must be higher
         sid, staging = None, session.staging() if self._local else None
-        if staging is not None:
-            with staging.lock:
+        # the staging file is busy until the store has copied it: another publish of this process (a durable one
+        # may wait for its tier) never makes this one wait, it goes by value instead
+        if staging is not None and staging.lock.acquire(blocking=False):
+            try:
                 sid = self._publish_staged(session, staging, policy_id, weights, meta, durable)
+            finally:
+                staging.lock.release()
         if sid is None:  # another node's store, no /dev/shm, or /dev/shm full: the snapshot travels by value
             alloc = self._sized(policy_id, functools.partial(np.empty, dtype=np.uint8))
             buf = pack(weights, policy_id=policy_id, meta=meta, alloc=alloc)

@@ -112,16 +112,18 @@ class DurableQueue:
                 self._add(_Job(TOMBSTONE, sid))
         self._add(_Job(RESUME, None))
 
-    def call(self, fn: Callable[[], T], what: str) -> T:
-        """``fn()`` (a call into the tier) with the deadline: DurableTierError naming the tier if it takes longer."""
+    def call(self, fn: Callable[[], T], what: str, timeout_s: float | None = None) -> T:
+        """``fn()`` (a call into the tier) with the deadline (``timeout_s`` if shorter: what the caller's own
+        deadline leaves): DurableTierError naming the tier if it takes longer."""
+        limit = self.timeout_s if timeout_s is None else min(self.timeout_s, timeout_s)
         future = self._pool.submit(fn)
         try:
-            return future.result(timeout=self.timeout_s)
+            return future.result(timeout=limit)
         except FutureTimeout:
             future.cancel()
             raise DurableTierError(
-                f"durable tier {self.tier.uri} did not answer within {self.timeout_s:g} s while trying to {what} "
-                "(StoreConfig.durable_timeout_s)"
+                f"durable tier {self.tier.uri} did not answer within {limit:g} s while trying to {what} "
+                f"({'StoreConfig.durable_timeout_s' if limit == self.timeout_s else 'what the call deadline left'})"
             ) from None
 
     # ---- what it reports -----------------------------------------------------------------------------------

@@ -408,6 +408,7 @@ class StoreServer:
                 self._landed.notify_all()
 
     def _publish_timed(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
+        started = time.monotonic()
         check_policy_id(policy_id)
         check_durable(durable)
         what = f"new snapshot of {policy_id!r}"
@@ -441,7 +442,7 @@ class StoreServer:
                     if self.uploads is not None:  # the marker after the catalog's commit: it never names an
                         # uncommitted version; the upload runs within the tier's deadline
                         self.uploads.call(lambda: self.durable.write(sid, buf, header, before_marker=commit),
-                                          f"commit {sid}")
+                                          f"commit {sid}", self._durable_deadline(started, header.nbytes))
                     else:
                         commit()
                 except BaseException:
@@ -732,11 +733,13 @@ class StoreServer:
     def _fetch(self, sid: SnapshotId, info: CatalogEntry) -> HotSnapshot:
         """Copy a snapshot this node lacks from a node that holds it (or the durable tier): once per node."""
         problems: list[str] = []
+        started = time.monotonic()
         copy = self._from_peers(sid, info, problems)
         if copy is None and self.uploads is not None:
             expect = Expected(*sid, info.summary.checksum)
             try:
-                buf = self.uploads.call(lambda: self.durable.read(sid, expect), f"read {sid}")
+                buf = self.uploads.call(lambda: self.durable.read(sid, expect), f"read {sid}",
+                                        self._durable_deadline(started, self.hot.capacity_bytes))
                 copy = self._own_copy(sid, buf, info.summary.checksum, "the durable tier", verified=True)
                 del buf
             except (SnapshotLostError, DurableTierError, CorruptSnapshotError) as exc:
@@ -919,6 +922,7 @@ class StoreServer:
         is quarantined and written again from the good hot copy, or (``healed``) replaced from another good copy
         by the next get. A durable tier that does not answer in ``durable_timeout_s`` is reported, not waited for.
         """
+        started = time.monotonic()
         info: CatalogEntry = self._ask(self.catalog.lookup.remote(policy_id, version), "lookup")
         sid = info.id
         with self._lock:
@@ -935,8 +939,11 @@ class StoreServer:
         if file is not None:
             checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)", expect=expect), None))
         if self.uploads is not None:
-            checks.append(("durable", lambda: self.uploads.call(lambda: self.durable.read(sid, expect),
-                                                                f"read {sid}"), None))
+            def durable() -> np.ndarray:  # what the client's deadline leaves once the other copies are checked
+                return self.uploads.call(lambda: self.durable.read(sid, expect), f"read {sid}",
+                                         self._durable_deadline(started, self.hot.capacity_bytes))
+
+            checks.append(("durable", durable, None))
         failed: dict[str, CorruptSnapshotError] = {}
         for name, load, what in checks:
             try:
@@ -1060,6 +1067,14 @@ class StoreServer:
         if entry.file is not None:
             self.disk.remove(entry.file)
         self._remove_durable(sid)
+
+    def _durable_deadline(self, started: float, nbytes: int) -> float:
+        """How long a call into the durable tier may take for a client call that arrived at ``started`` and moves up
+        to ``nbytes`` (its deadline: ``publish_timeout_s(nbytes)``): at most ``durable_timeout_s``, and at most
+        three quarters of the client's deadline less what has passed, so the client hears DurableTierError naming
+        the tier rather than its own DeadlineExceededError."""
+        left = 0.75 * self.config.publish_timeout_s(nbytes) - (time.monotonic() - started)
+        return max(min(self.config.durable_timeout_s, left), 1.0)
 
     def _remove_durable(self, sid: SnapshotId) -> None:
         """Take ``sid`` out of the durable tier: a tombstone first (never listed, served or written again), then its

@@ -568,3 +568,30 @@ def test_a_delete_through_the_catalog_is_refused_while_the_durable_tier_is_down(
     ray.get(catalog.delete.remote("down", 1), timeout=60)
     assert DurableTier.open(_s3_uri(s3_server, s3_server.port, "cat-down")).deleted_ids() == {sid}
     gate.set("down")
+
+
+def test_a_hanging_durable_tier_holds_up_nothing_else_of_the_same_process(make_store, s3_server):
+    """One process: while its durable publish waits on a tier that never answers, its non-durable publish, get and
+    list go on (the staging file is not held across the durable call); the durable publish and verify end with
+    DurableTierError naming the tier within the client's own deadline, though durable_timeout_s is longer."""
+    gate = S3Gate(s3_server.bucket, server_port=s3_server.port)
+    store = make_store(durable_uri=_s3_uri(s3_server, gate.port, "hang-same"), hot_capacity_bytes=3 * MiB,
+                       call_timeout_s=12)  # durable_timeout_s keeps its default, 60 s
+    assert store.publish("s", _weights(1), durable=True).version == 1
+    gate.set("hang")
+    hung = gate.hung
+    stuck: list = []
+    publisher = threading.Thread(target=lambda: stuck.append(_catch(
+        functools.partial(store.publish, "s", _weights(2), durable=True))), daemon=True)
+    publisher.start()
+    eventually(lambda: gate.hung > hung, "the durable publish reaching the tier")
+    assert _in_time(functools.partial(store.publish, "s", _weights(3))).version == 3  # v2 is reserved
+    assert torch.equal(_in_time(functools.partial(store.get, "s", 3))["w"], _weights(3)["w"])
+    assert [r.id.version for r in _in_time(functools.partial(store.list, "s"))] == [1, 3]
+    assert publisher.is_alive()  # all of it answered while the durable publish waits for the tier
+    publisher.join(120)
+    assert stuck and isinstance(stuck[0][1], DurableTierError), stuck
+    assert f"durable tier s3://{s3_server.bucket}/hang-same" in str(stuck[0][1])
+    report = _in_time(lambda: store.verify("s", 1))
+    assert report.disk and report.durable is None and any("did not answer" in p for p in report.problems)
+    gate.set("down")
