@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import posixpath
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -121,7 +122,7 @@ class DurableTier:
         self.uri = uri or f"{filesystem.type_name}:{self.root}"
         self._renames = filesystem.type_name in _RENAMES
         if filesystem.type_name == "local":
-            _io(lambda: self.fs.create_dir(self.root, recursive=True), f"create the durable folder {self.uri}")
+            self._make_folder(self.root, f"create the durable folder {self.uri}")
 
     @classmethod
     def open(cls, uri: str) -> DurableTier:
@@ -183,7 +184,7 @@ class DurableTier:
         path = posixpath.join(folder, name)
         committing = False
         try:
-            _io(lambda: self.fs.create_dir(folder, recursive=True), f"create {folder} for {what}")
+            self._make_folder(folder, f"create {folder} for {what}")
             _io(lambda: self._upload(path, buf, header, f"{what} (while uploading: its shared-memory copy was "
                                                         "written to)"), f"upload {path} for {what}")
             stored = _io(lambda: self.fs.get_file_info(path), f"check {path} for {what}")
@@ -217,11 +218,16 @@ class DurableTier:
                     return
         self._delete_quietly(path)
 
+    def _make_folder(self, folder: str, doing: str) -> None:
+        _io(lambda: self.fs.create_dir(folder, recursive=True), doing)
+        _io(lambda: _private_local(self.fs, folder), doing)
+
     def _upload(self, path: str, buf: np.ndarray, header: Header, what: str) -> None:
         """Stream the buffer to a new object, checking the checksum of what leaves (CorruptSnapshotError)."""
         with self.fs.open_output_stream(path) as out:
             out.write(memoryview(buf).cast("B")[: header.data_offset])
             send_checked(header, buf, out.write, what)
+        _private_local(self.fs, path)
         _sync_local(self.fs, path)
 
     def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:
@@ -234,6 +240,7 @@ class DurableTier:
             target = posixpath.join(posixpath.dirname(final), f"{_TMP_PREFIX}{uuid.uuid4().hex}")
         with self.fs.open_output_stream(target) as out:
             out.write(body)
+        _private_local(self.fs, target)
         _sync_local(self.fs, target)
         if target != final:
             self.fs.move(target, final)
@@ -369,7 +376,7 @@ class DurableTier:
         """Mark ``sid`` deleted for good (never listed, served or written again): the first step of ``remove``."""
         body = json.dumps({"policy_id": sid.policy_id, "version": sid.version, "deleted": time.time()}).encode()
         folder = self._folder(sid.policy_id)
-        _io(lambda: self.fs.create_dir(folder, recursive=True), f"create {folder} for the tombstone of {sid}")
+        self._make_folder(folder, f"create {folder} for the tombstone of {sid}")
         tombstone = self._path(sid, TOMBSTONE_SUFFIX)
         _io(lambda: self._put_small(tombstone, body), f"write the tombstone of {sid} to {self.uri}")
 
@@ -406,6 +413,21 @@ def _io(action, doing: str):
         raise
     except (pa.ArrowException, OSError) as exc:
         raise DurableTierError(f"could not {doing}: {_first_line(exc)}") from None
+
+
+def _private_local(filesystem: pafs.FileSystem, path: str) -> None:
+    """A local durable folder 0700, a file 0600, as in the spill tier: another OS user reads and lists nothing
+    (object storage: the bucket's policy decides; see docs/reliability.md)."""
+    if filesystem.type_name != "local":
+        return
+    st = os.stat(path)
+    mode = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600
+    if stat.S_IMODE(st.st_mode) != mode:
+        try:
+            os.chmod(path, mode)
+        except PermissionError:  # another user's folder (a shared mount): its owner decides who reads it
+            log.warning("durable folder %s is mode %o and belongs to uid %d: cannot make it private", path,
+                        stat.S_IMODE(st.st_mode), st.st_uid)
 
 
 def _sync_local(filesystem: pafs.FileSystem, path: str) -> None:

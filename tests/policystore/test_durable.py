@@ -595,3 +595,19 @@ def test_a_hanging_durable_tier_holds_up_nothing_else_of_the_same_process(make_s
     report = _in_time(lambda: store.verify("s", 1))
     assert report.disk and report.durable is None and any("did not answer" in p for p in report.problems)
     gate.set("down")
+
+
+def test_a_local_durable_folder_is_private_like_the_spill_tier(tmp_path):
+    """Folders 0700 and files 0600 (markers, data objects, tombstones), an existing open root made private too."""
+    root = tmp_path / "durable"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)
+    tier = DurableTier.open(str(root))
+    _write(tier, SnapshotId("p", 1), _snapshot("p", seed=1))
+    _write(tier, SnapshotId("p", 2), _snapshot("p", seed=2))
+    tier.remove(SnapshotId("p", 1))
+    paths = [root, *root.rglob("*")]
+    kinds = {p.name.split(".")[-2] for p in paths if p.is_file()}  # markers, tombstones, data (a token)
+    assert {"commit", "deleted"} <= kinds and any(p.suffix == ".safetensors" for p in paths)
+    for path in paths:
+        assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
