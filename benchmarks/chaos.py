@@ -10,7 +10,9 @@ and now and then call verify(). An injector (seeded by --seed) SIGKILLs a node's
 process or a learner in the middle of a publish, removes a worker node and adds it back, deletes the catalog's
 database (or writes garbage over it and its WAL) while the stores run, then SIGKILLs the catalog, and takes the
 durable tier (a real S3-compatible server, moto on loopback, behind a switchable proxy: ``s3gate.py``) down,
-hanging or answering every request with an error for 2 to 6 s.
+hanging or answering every request with an error for 2 to 6 s, and fills the stores' spill disk (a tmpfs of
+--spill-mib mounted for the run; the fault is skipped without root) from another writer for 2 to 6 s. Learners
+delete through both paths: the store's ``delete`` and the catalog actor's own (as any driver can call it).
 
 Rows: one per fault kind (how many were injected, recovery time p50/p99/max in seconds) and one summary row:
   durable_lost       acknowledged durable snapshots that cannot be read back afterwards (must be 0)
@@ -23,7 +25,8 @@ Rows: one per fault kind (how many were injected, recovery time p50/p99/max in s
   read_success       successful reads / attempted reads; availability = reader time not inside a stall > 1 s
   longest_stall_s    the longest gap between two successful reads of one reader slot (across its restarts)
   deleted_resurrected  deleted snapshots a fresh catalog on the same durable tier would list (must be 0);
-                     racing_deletes counts the deletes issued at once after their publish
+                     racing_deletes counts the deletes issued at once after their publish, catalog_deletes those
+                     made through the catalog actor
   visible_unreadable   snapshots list() shows after the run (acknowledged or not) that cannot be read back whole
                      (must be 0), less visible_lost_nondurable: listed non-durable ones no node holds any more
                      (lost within the documented bound; list() still shows them, with no holder)
@@ -31,7 +34,7 @@ Recovery: store kill -> first read of a new version on that node; catalog kill -
 first new-version read after it (the same for the catalog's database lost); reader kill -> that reader's next
 successful read; learner kill -> its next acknowledged publish; node cycle -> first new-version read on the node
 after it is added back; durable tier down, hanging or failing -> the first acknowledged durable publish after
-it answers again.
+it answers again; spill disk full -> the first acknowledged publish after the space is back.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -61,7 +65,7 @@ from .s3gate import S3Gate
 log = logging.getLogger("benchmarks.chaos")
 
 FAULTS = ("store_kill", "catalog_kill", "reader_kill", "learner_kill", "node_cycle", "catalog_db_loss",
-          "durable_down", "durable_hang", "durable_errors")
+          "durable_down", "durable_hang", "durable_errors", "disk_full")
 DURABLE_FAULTS = {"durable_down": "down", "durable_hang": "hang", "durable_errors": "errors"}
 HEAD = "chaos_node_0"
 STALL_S = 1.0  # a gap between successful reads longer than this counts as unavailable time
@@ -88,6 +92,7 @@ class Monitor:
         self.deleted: set[tuple[str, int]] = set()
         self.confirmed: set[tuple[str, int]] = set()  # deletes that returned
         self.racing = 0
+        self.via_catalog = 0
         self.slots: dict[str, dict[str, Any]] = {}
         self.fresh: dict[int, list[float]] = {}  # node index -> times of first reads of a version in a process
         self.digests: dict[tuple[str, int], str] = {}  # the first digest acknowledged or read for each id
@@ -104,9 +109,10 @@ class Monitor:
     def deleting(self, pid: str, version: int) -> None:
         self.deleted.add((pid, version))
 
-    def deleted_done(self, pid: str, version: int, racing: bool) -> None:
+    def deleted_done(self, pid: str, version: int, racing: bool, via_catalog: bool) -> None:
         self.confirmed.add((pid, version))
         self.racing += racing
+        self.via_catalog += via_catalog
 
     def report(self, slot: str, node: int, batch: dict[str, Any]) -> None:
         state = self.slots.setdefault(slot, {"node": node, "ok": 0, "failed": 0, "errors": {}, "wrong": 0,
@@ -124,7 +130,7 @@ class Monitor:
 
     def dump(self) -> dict[str, Any]:
         return {"acks": self.acks, "deleted": self.deleted, "slots": self.slots, "fresh": self.fresh,
-                "confirmed": self.confirmed, "racing": self.racing,
+                "confirmed": self.confirmed, "racing": self.racing, "via_catalog": self.via_catalog,
                 "reused": self.reused}
 
 
@@ -137,7 +143,11 @@ class Learner:
         self.index, self.monitor, self.state_file = index, monitor, state_file
         self.pid = f"learner-{index}"
         self.numel = tensor_bytes // 4
+        from policystore.config import CATALOG_NAME, NAMESPACE
+
         self.store = policystore.connect()
+        self.catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+        self.deletes = 0
         self.nondurable: list[int] = []
         Path(f"{state_file}.pid").write_text(str(os.getpid()))
 
@@ -149,8 +159,13 @@ class Learner:
 
     def _delete(self, version: int, racing: bool) -> None:
         ray.get(self.monitor.deleting.remote(self.pid, version))
-        self.store.delete(self.pid, version)
-        self.monitor.deleted_done.remote(self.pid, version, racing)
+        self.deletes += 1
+        via_catalog = self.deletes % 2 == 0  # every other delete through the catalog actor, as any driver can
+        if via_catalog:
+            ray.get(self.catalog.delete.remote(self.pid, version), timeout=120)
+        else:
+            self.store.delete(self.pid, version)
+        self.monitor.deleted_done.remote(self.pid, version, racing, via_catalog)
 
     def _publish(self, durable: bool) -> int:
         """Publish random weights; record the acknowledgement; returns the version."""
@@ -301,7 +316,9 @@ class Chaos:
         ray.init(address=self.cluster.address, logging_level=logging.WARNING, log_to_driver=False)
         import policystore
 
-        self.store = policystore.connect(policystore.StoreConfig(durable_uri=s3.uri("chaos")))
+        self.disk = _mount_tmpfs(args.spill_mib)
+        self.store = policystore.connect(policystore.StoreConfig(
+            durable_uri=s3.uri("chaos"), spill_dir=str(self.disk) if self.disk is not None else None))
         self.monitor = Monitor.remote()
         self.state_dir = Path(tempfile.mkdtemp(prefix="chaos-state-"))
         self.learners = [
@@ -378,6 +395,8 @@ class Chaos:
             self.faults.append(Fault(kind, now, DURABLE_FAULTS[kind], back_t=time.time()))
         elif kind == "catalog_db_loss":
             self._lose_catalog_db()
+        elif kind == "disk_full" and self.disk is not None:
+            self._fill_disk(now)
 
     def _lose_catalog_db(self) -> None:
         """Delete the catalog's database, or write garbage over it and its WAL, while the stores run; then SIGKILL
@@ -393,6 +412,18 @@ class Chaos:
                     part.unlink()
         if self._kill("ray::CatalogServer"):
             self.faults.append(Fault("catalog_db_loss", time.time(), "garbage" if garbage else "deleted"))
+
+    def _fill_disk(self, now: float) -> None:
+        """Another writer takes every free byte of the spill disk for 2 to 6 s, then frees it."""
+        filler = self.disk / "filler"
+        chunk = b"\0" * (4 * MiB)
+        with contextlib.suppress(OSError), open(filler, "wb") as f:
+            while True:
+                f.write(chunk)
+                f.flush()
+        time.sleep(self.rng.uniform(2, 6))
+        filler.unlink(missing_ok=True)
+        self.faults.append(Fault("disk_full", now, "spill disk", back_t=time.time()))
 
     def _pid(self, name: str) -> int | None:
         """The process id an actor wrote when it (re)started."""
@@ -514,6 +545,21 @@ class Chaos:
             ray.shutdown()
         self.cluster.shutdown()
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        if self.disk is not None:
+            subprocess.run(["umount", "-l", str(self.disk)], check=False)
+            with contextlib.suppress(OSError):
+                self.disk.rmdir()
+
+
+def _mount_tmpfs(mib: int) -> Path | None:
+    """A tmpfs of ``mib`` MiB for the stores' spill folders (the disk_full fault fills it), or None without root."""
+    where = Path(tempfile.mkdtemp(prefix="chaos-spill-"))
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0700", "tmpfs", str(where)],
+                      capture_output=True, check=False).returncode:
+        log.warning("cannot mount a tmpfs for the spill disk (needs root): the disk_full fault is skipped")
+        where.rmdir()
+        return None
+    return where
 
 
 def first_after(times: list[float], t: float) -> float | None:
@@ -543,6 +589,8 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict,
             value = first_after(ack_times[int(fault.target)], fault.t)
         elif fault.kind in DURABLE_FAULTS:
             value = first_after(durable_acks, fault.back_t)
+        elif fault.kind == "disk_full":
+            value = first_after(all_acks, fault.back_t)
         else:
             value = first_after(fresh.get(fault.node, []), fault.back_t)
         recovery[fault.kind].append(value)
@@ -596,6 +644,7 @@ def analyse(chaos: Chaos, data: dict[str, Any], outcome: dict,
         "availability": 1 - unavailable / max(run_s * len(slots), 1e-9),
         "longest_stall_s": max(stalls) if stalls else None,
         "racing_deletes": data["racing"],
+        "catalog_deletes": data["via_catalog"],
         "deleted_resurrected": chaos.resurrected(data["confirmed"]),
         "visible_unreadable": len(visible[0]),
         "visible_lost_nondurable": len(visible[1]),
@@ -625,6 +674,7 @@ def main() -> None:
                         help="keep injecting past the end (up to 2 minutes) until this many faults have landed")
     parser.add_argument("--tensor-kib", type=int, default=256, help="snapshot size (above Ray's inline limit)")
     parser.add_argument("--store-mib", type=int, default=256, help="object store per node")
+    parser.add_argument("--spill-mib", type=int, default=512, help="the spill disk (a tmpfs) every node shares")
     args = parser.parse_args()
     if args.quick:
         args.minutes, args.procs, args.fault_every_s, args.read_gap_ms = 0.35, 2, 2.5, 250.0
@@ -660,7 +710,8 @@ def main() -> None:
         f"{summary['nondurable_lost']} of {summary['nondurable_acked']} ({summary['nondurable_unexplained']} "
         f"outside the bound); wrong reads {summary['wrong_reads']}; backwards {summary['backwards']}; "
         f"versions reused {summary['versions_reused']}; "
-        f"deleted resurrected {summary['deleted_resurrected']} of {summary['racing_deletes']} racing deletes; "
+        f"deleted resurrected {summary['deleted_resurrected']} ({summary['racing_deletes']} racing deletes, "
+        f"{summary['catalog_deletes']} through the catalog); "
         f"visible but unreadable {summary['visible_unreadable']}; "
         f"read success {summary['read_success']:.4f}, availability {summary['availability']:.4f}, longest stall "
         f"{summary['longest_stall_s']} s over {summary['reads']} reads",
