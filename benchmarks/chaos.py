@@ -160,7 +160,7 @@ class Learner:
     def _delete(self, version: int, racing: bool) -> None:
         ray.get(self.monitor.deleting.remote(self.pid, version))
         self.deletes += 1
-        via_catalog = self.deletes % 2 == 0  # every other delete through the catalog actor, as any driver can
+        via_catalog = self.deletes % 2 == 1  # every other delete (the first too) through the catalog actor
         if via_catalog:
             ray.get(self.catalog.delete.remote(self.pid, version), timeout=120)
         else:

@@ -32,6 +32,7 @@ EXPECTED = {
                  "all_catalog_watchers_s", "store_threads", "catalog_threads", "store_doorbell_threads"],
     "worker_memory": ["snapshot_mib", "snapshots", "pushed_kib_per_snapshot", "first_load_kib", "kib_per_module",
                       "kib_per_module_beyond_weights", "loadavg_1m"],
+    "soak": ["ops", "loadavg_1m"],
 }
 ROW_KEYS = {  # per row type (spill_restore's "row", league_throughput's "bench")
     "ratio": ["lz4_ratio"],
@@ -39,6 +40,8 @@ ROW_KEYS = {  # per row type (spill_restore's "row", league_throughput's "bench"
     "league_training": ["workers", "env_steps", "env_steps_per_s", "learner_samples_per_s", "frozen_snapshots",
                         "worker_pss_mib", "store_hot_mib", "private_copies_mib"],
     "forward": ["batch", "hidden", "forward_us"],
+    "sample": ["seconds", "catalog_pss_mib", "store_pss_mib", "durable_markers", "durable_data", "durable_tombstones"],
+    "growth": ["catalog_pss_mib_per_1000_ops", "store_pss_mib_per_1000_ops", "durable_tombstones_per_1000_ops"],
 }
 # The quick run, made shorter still where a benchmark's --quick trains for real (the trainer's own tests cover it),
 # or where another smoke run already covers a mode (memory_scaling's runs the private copies worker_memory shares).
