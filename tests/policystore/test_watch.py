@@ -34,6 +34,11 @@ def net() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
+def seeded_net(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return net()
+
+
 def weights_of_mib(mib: float, seed: int = 0) -> dict[str, torch.Tensor]:
     return {"w": torch.randn(int(mib * MiB) // 4, generator=torch.Generator().manual_seed(seed))}
 
@@ -83,6 +88,10 @@ class Reader:
             return store.get(policy_id).id
         finally:
             del follower.latest, follower.hot
+
+    def publish(self, policy_id: str, seed: int) -> int:
+        """Publish ``seeded_net(seed)``'s weights, as a learner in another process does."""
+        return policystore.connect().publish(policy_id, seeded_net(seed).state_dict()).version
 
     def get_error(self, policy_id: str, version: int | None = None) -> str:
         try:
@@ -191,6 +200,31 @@ def test_a_publisher_reads_its_own_write_at_once(make_store):
         assert store.publish("mine", weights_of_mib(0.01, version)).version == version
         assert store.get("mine").id.version == version
         assert store.latest_version("mine") == version
+
+
+def test_a_played_update_is_mapped_and_its_module_built_before_it_is_read(make_store, reader):
+    """The played update's fast path: once this process plays a policy, the follower maps each new version pushed
+    to it and builds its module with the same ``build``, so ``load_module`` asks nobody and hands that module out
+    (once); the module already played keeps its version."""
+    store = make_store(max_staleness_s=30.0)
+    ray.get(reader.publish.remote("played", 1))  # a learner in another process
+    first = store.load_module("played", net)  # this process plays it from now on
+    sid = SnapshotId("played", ray.get(reader.publish.remote("played", 2)))
+
+    def ready() -> bool:
+        pushed = store._follower.hot(sid)
+        return pushed is not None and pushed.snapshot is not None and pushed.ahead is not None
+
+    eventually(ready, "the new version mapped and its module built ahead")
+    built = store._follower.hot(sid).ahead[1]
+    before = round_trips(store)
+    module = store.load_module("played", net)
+    assert module is built and round_trips(store) == before
+    assert module.policystore_snapshot.id == sid
+    assert torch.equal(module[0].weight, seeded_net(2)[0].weight)
+    again = store.load_module("played", net)
+    assert again is not module and torch.equal(again[0].weight, module[0].weight)  # handed out once
+    assert first.policystore_snapshot.id.version == 1 and torch.equal(first[0].weight, seeded_net(1)[0].weight)
 
 
 def test_reads_never_go_backwards_whatever_threads_race(make_store):
