@@ -95,9 +95,15 @@ def test_reference_pages_carry_no_session_narrative_or_dates():
     assert bad == []
 
 
-def test_results_pages_say_how_their_rows_are_written():
+def test_results_pages_say_how_their_rows_are_written_and_keep_the_newest_first():
     for page in (DOCS / "results").glob("*.md"):
-        assert "**How rows are written.**" in page.read_text(), page
+        text = page.read_text()
+        assert "**How rows are written.**" in text, page
+        dated = [(heading, max(DATE.findall(heading))) for heading in re.findall(r"(?m)^## (.*)$", text)
+                 if DATE.search(heading)]
+        late = [heading for (_, before), (heading, date) in zip(dated, dated[1:], strict=False)
+                if date > before]
+        assert late == [], f"{page.name}: entries newer than the one above them"
 
 
 def test_the_api_reference_documents_every_public_name_and_error_once():
