@@ -128,7 +128,7 @@ class NimLeague(RLlibCallback):
                 if self.stock:  # stock: drop it from the Learner and every EnvRunner
                     algorithm.remove_module(old_id, new_agent_to_module_mapping_fn=mapping,
                                             new_should_module_be_updated=["main"])
-                else:  # policystore: drop it from every EnvRunner (the snapshot stays in the store)
+                else:  # policystore: drop it from every EnvRunner; the store deletes its snapshot
                     remove_frozen(algorithm, old_id, new_agent_to_module_mapping_fn=mapping)
             log.info("iter %d: main wins %.2f -> %s joins; league %s", algorithm.iteration, win_rate, new_id,
                      ["random", *self.frozen])

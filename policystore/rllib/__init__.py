@@ -18,7 +18,15 @@ with needs("rllib", "policystore.rllib"):
 from .callback import PolicyStoreCallback
 from .connectors import DropModulesNotOnLearner
 from .env_runner import SharedEnvRunner, SharedModulesMixin
-from .league import NotFrozenError, add_frozen, frozen_modules, league_name, remove_frozen, set_matchmaking
+from .league import (
+    NotFrozenError,
+    add_frozen,
+    frozen_modules,
+    league_name,
+    league_store,
+    remove_frozen,
+    set_matchmaking,
+)
 from .registry import LeagueError
 from .settings import NotSetUpError
 from .setup import with_policystore
@@ -34,6 +42,7 @@ __all__ = [
     "add_frozen",
     "frozen_modules",
     "league_name",
+    "league_store",
     "remove_frozen",
     "set_matchmaking",
     "with_policystore",

@@ -22,7 +22,7 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
-from ..errors import CorruptSnapshotError, UnknownPolicyError
+from ..errors import CorruptSnapshotError, PolicyStoreError, UnknownPolicyError
 from ..ids import SnapshotId
 from ..views import fast_reads
 from . import checkpoint, registry
@@ -50,11 +50,23 @@ class SharedModulesMixin:
         self._frozen: dict[str, SnapshotId] = {}
         self._unattached: dict[str, str] = {}
         self._league_state = LeagueState()
-        self._league = LeagueFollower(self._policystore_settings().league)
+        self._not_set_up: NotSetUpError | None = None
+        try:
+            league = self._policystore_settings().league
+        except NotSetUpError as exc:
+            if not self.worker_index:
+                raise  # the driver's local EnvRunner: build_algo() raises it where the mistake was made
+            # A remote one: RLlib builds these before the local one, and one that fails to start makes build_algo()
+            # fail with an IndexError far from the cause; it starts and refuses to sample instead.
+            self._not_set_up = exc
+            return
+        self._league = LeagueFollower(league)
         self._set_mapping_fn(self.config.policy_mapping_fn)
         self.sync_league()
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
+        if self._not_set_up is not None:
+            raise self._not_set_up
         self.sync_league()
         try:
             return super().sample(*args, **kwargs)
@@ -76,6 +88,8 @@ class SharedModulesMixin:
 
     def sync_league(self) -> bool:
         """Attach/detach frozen modules, take the matchmaking from the league; True if it changed."""
+        if self._not_set_up is not None:
+            return False
         state = self._league.poll()
         if state is None:
             return False
@@ -89,8 +103,22 @@ class SharedModulesMixin:
 
     def set_owner(self, algorithm: Any) -> None:
         """The Algorithm of this (local) EnvRunner: a restore also puts the checkpoint's matchmaking into its
-        config and Learners, which no EnvRunner call of RLlib's reaches."""
+        config and Learners, which no EnvRunner call of RLlib's reaches; its ``stop()`` ends the job's league."""
         self._owner = weakref.ref(algorithm)
+
+    def stop(self) -> None:
+        """RLlib's stop; the local EnvRunner of an Algorithm (``Algorithm.stop()``) also releases the job's store:
+        its snapshots (but durable or kept ones), its store actors and its disk tier (settings.py)."""
+        super().stop()
+        if self._owner is None or self._not_set_up is not None:
+            return
+        settings = self._policystore_settings()
+        state = registry.read(settings.league)
+        keep = {e.snapshot for e in state.frozen.values() if e.durable} | set(state.kept)
+        try:
+            settings.release(keep)
+        except PolicyStoreError as exc:  # the job ends either way; say what is left behind
+            logger.warning("league %r: the job's store was not released: %s", settings.league, exc)
 
     def save_to_path(self, path: Any = None, **kwargs: Any) -> str:
         """RLlib's checkpoint (which leaves frozen modules out) plus the frozen snapshots, their specs and the
@@ -98,7 +126,7 @@ class SharedModulesMixin:
         self.sync_league()
         path = super().save_to_path(path, **kwargs)
         frozen = {mid: self._league_state.frozen[mid] for mid in self._frozen}
-        matchmaking = checkpoint.Matchmaking(_unchecked(self.config.policy_mapping_fn), self.config.policies_to_train)
+        matchmaking = checkpoint.Matchmaking(unchecked(self.config.policy_mapping_fn), self.config.policies_to_train)
         checkpoint.save(path, frozen, matchmaking, self._policystore_settings().store(), kwargs.get("filesystem"))
         return path
 
@@ -110,7 +138,7 @@ class SharedModulesMixin:
         if restored is None:  # a checkpoint written without the store: keep the league as it is
             return
         matchmaking = restored.matchmaking or checkpoint.Matchmaking(
-            _unchecked(self.config.policy_mapping_fn), self.config.policies_to_train
+            unchecked(self.config.policy_mapping_fn), self.config.policies_to_train
         )
         registry.replace(settings.league, restored.frozen, matchmaking.mapping_fn, matchmaking.policies_to_train)
         owner = self._owner() if self._owner is not None else None
@@ -129,7 +157,8 @@ class SharedModulesMixin:
         """Match ``state``; False if a snapshot is not in the store (yet), to be retried."""
         self._league_state = state
         complete = True
-        for module_id in [mid for mid in self._frozen if mid not in state.frozen]:
+        removed = [mid for mid in self._frozen if mid not in state.frozen]
+        for module_id in removed:
             self.module.remove_module(module_id, raise_err_if_not_found=False)
             del self._frozen[module_id]
             self._needs_initial_reset = True  # as RLlib's remove_module: no episode may keep a removed module
@@ -152,7 +181,7 @@ class SharedModulesMixin:
         return complete
 
     def _set_mapping_fn(self, mapping_fn: Callable[..., str]) -> None:
-        self.config.multi_agent(policy_mapping_fn=_CheckedMapping(_unchecked(mapping_fn), weakref.ref(self)))
+        self.config.multi_agent(policy_mapping_fn=_CheckedMapping(unchecked(mapping_fn), weakref.ref(self)))
 
     def _unplayable(self, agent_id: Any, module_id: Any) -> LeagueError:
         """The error for a mapping to a module this EnvRunner does not hold: which module, which league, why."""
@@ -214,10 +243,10 @@ class _CheckedMapping:
         return module_id
 
     def __reduce__(self) -> tuple:
-        return _unchecked, (self.mapping_fn,)
+        return unchecked, (self.mapping_fn,)
 
 
-def _unchecked(mapping_fn: Any) -> Any:
+def unchecked(mapping_fn: Any) -> Any:
     """The plain mapping function inside a _CheckedMapping (itself otherwise)."""
     return mapping_fn.mapping_fn if isinstance(mapping_fn, _CheckedMapping) else mapping_fn
 
@@ -248,15 +277,17 @@ def _with_fast_forwards(module: Any) -> Any:
 
     An EnvRunner only reads a frozen module (RLlib's writes are filtered out in ``set_state``), and every op of
     its forward would otherwise pay the write guard's per-op dispatch. The snapshot pages stay write-protected by
-    the OS inside the block.
+    the OS inside the block. The wrappers hold the module weakly: a cycle through them would keep a removed module,
+    and so its snapshot's shared pages, alive until the process's next full garbage collection.
     """
+    owner = weakref.ref(module)
     for name in ("forward_inference", "forward_exploration"):
-        forward = getattr(module, name)
+        forward = getattr(type(module), name)
 
         @functools.wraps(forward)
         def fast(batch: Any, *args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
             with fast_reads():
-                return _forward(batch, *args, **kwargs)
+                return _forward(owner(), batch, *args, **kwargs)
 
         setattr(module, name, fast)
     return module

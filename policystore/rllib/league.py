@@ -12,11 +12,12 @@ from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
 from ray.rllib.core.rl_module import validate_module_id
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-from ..errors import PolicyStoreError
+from ..errors import PolicyStoreError, UnknownPolicyError
 from ..ids import SnapshotId
 from . import registry
 from .env_runner import sync_all, update_algorithm_config
-from .registry import FrozenEntry
+from .matchmaking import check_mapping
+from .registry import FrozenEntry, LeagueError
 from .settings import LeagueSettings, find_settings
 
 
@@ -35,6 +36,7 @@ def add_frozen(
     new_agent_to_module_mapping_fn: Callable[..., str] | None = None,
     new_should_module_be_updated: Any = None,
     add_to_learners: bool = False,
+    durable: bool = False,
     meta: Mapping[str, Any] | None = None,
 ) -> SnapshotId:
     """Freeze the current weights of ``from_module_id`` as a new league member ``module_id``.
@@ -42,28 +44,38 @@ def add_frozen(
     The weights go to the node store once; every EnvRunner (and Ray-restarted ones later) attaches the
     module as read-only views into it. The new module stays off the Learners unless ``add_to_learners`` (then give a
     ``new_should_module_be_updated`` that excludes it). Re-freezing an existing frozen id points it at the new
-    snapshot. Returns the snapshot id.
+    snapshot (same architecture only) and lets go of the old one. ``durable``: the snapshot is written to disk (and
+    the durable tier) before this returns, and stays when the league lets go of it. Raises LeagueError, before
+    anything changes, for an id of one of RLlib's modules, another architecture under a frozen id, or a mapping
+    that names a module the EnvRunners would not hold. Returns the snapshot id.
     """
     settings = settings_of(algorithm)
     validate_module_id(module_id, error=True)
     if module_id == from_module_id:
-        raise ValueError(f"add_frozen: module_id and from_module_id are both {module_id!r}; use a new id")
+        raise LeagueError(f"add_frozen: module_id and from_module_id are both {module_id!r}; use a new id")
     source = algorithm.get_module(from_module_id)
     if source is None:
-        known = sorted(algorithm.env_runner.module.keys()) if algorithm.env_runner is not None else []
-        raise KeyError(f"add_frozen: no module {from_module_id!r} in this Algorithm (known: {known})")
+        raise LeagueError(f"add_frozen: no module {from_module_id!r} in this Algorithm (known: {_modules(algorithm)})")
+    old = registry.read(settings.league)
     spec = dataclasses.replace(RLModuleSpec.from_module(source), inference_only=True, load_state_path=None)
+    _check_frozen_id(algorithm, old, module_id, from_module_id, spec)
     weights = _inference_weights(algorithm, from_module_id, source, spec)
+    pending = FrozenEntry(SnapshotId(f"{settings.league}.{module_id}", 1), spec, add_to_learners, durable)
+    check_mapping(algorithm, registry.changed(old, {module_id: pending}, mapping_fn=new_agent_to_module_mapping_fn))
     snapshot = settings.store().publish(
         f"{settings.league}.{module_id}",
         weights,
         meta={"league": settings.league, "module_id": module_id, "from_module_id": from_module_id,
               "iteration": int(algorithm.iteration), **(meta or {})},
+        durable=durable,
     )
     if add_to_learners:
         _add_to_learners(algorithm, module_id, from_module_id, source, new_should_module_be_updated)
-    _change_league(algorithm, settings.league, new_agent_to_module_mapping_fn, new_should_module_be_updated,
-                   add={module_id: FrozenEntry(snapshot, spec, add_to_learners)})
+    _change_league(algorithm, settings, new_agent_to_module_mapping_fn, new_should_module_be_updated,
+                   add={module_id: FrozenEntry(snapshot, spec, add_to_learners, durable)})
+    replaced = old.frozen.get(module_id)
+    if replaced is not None:
+        _let_go(settings, replaced)
     return snapshot
 
 
@@ -73,24 +85,28 @@ def remove_frozen(
     *,
     new_agent_to_module_mapping_fn: Callable[..., str] | None = None,
     new_should_module_be_updated: Any = None,
-    delete_snapshot: bool = False,
+    keep: bool = False,
 ) -> None:
     """Take a frozen module out of the league (all EnvRunners drop it; episodes restart as in remove_module).
 
-    The snapshot stays in the store (league history, payoff tables) unless ``delete_snapshot``.
+    The league lets go of its snapshot: once every EnvRunner has dropped the module, the store deletes it (memory
+    and disk tier) unless it was frozen ``durable`` or ``keep`` is given (league history, payoff tables: it then
+    stays listed in the store, and with the job's end as well).
     """
     settings = settings_of(algorithm)
-    entry = registry.read(settings.league).frozen.get(module_id)
+    old = registry.read(settings.league)
+    entry = old.frozen.get(module_id)
     if entry is None:
         raise NotFrozenError(
             f"remove_frozen: {module_id!r} is not a frozen module of league {settings.league!r}"
         )
+    check_mapping(algorithm, registry.changed(old, remove=[module_id], mapping_fn=new_agent_to_module_mapping_fn))
     if entry.on_learners:
         algorithm.learner_group.remove_module(module_id, new_should_module_be_updated=new_should_module_be_updated)
-    _change_league(algorithm, settings.league, new_agent_to_module_mapping_fn, new_should_module_be_updated,
-                   remove=[module_id])
-    if delete_snapshot:
-        settings.store().delete(entry.snapshot.policy_id, version=entry.snapshot.version)
+    _change_league(algorithm, settings, new_agent_to_module_mapping_fn, new_should_module_be_updated,
+                   remove=[module_id], keep=[entry.snapshot] if keep else [])
+    if not keep:
+        _let_go(settings, entry)
 
 
 def set_matchmaking(
@@ -102,25 +118,79 @@ def set_matchmaking(
 
     Use it after RLlib's own ``add_module``/``remove_module`` (e.g. for a trainable copy): EnvRunners take
     their mapping function from the league, so a mapping set only through RLlib would be replaced by the
-    league's at the next league change, and a restarted EnvRunner would not see it at all.
+    league's at the next league change, and a restarted EnvRunner would not see it at all. A mapping that names a
+    module the EnvRunners would not hold raises LeagueError here, and the league stays as it was.
     """
-    _change_league(algorithm, settings_of(algorithm).league, new_agent_to_module_mapping_fn,
-                   new_should_module_be_updated)
+    settings = settings_of(algorithm)
+    old = registry.read(settings.league)
+    check_mapping(algorithm, registry.changed(old, mapping_fn=new_agent_to_module_mapping_fn))
+    _change_league(algorithm, settings, new_agent_to_module_mapping_fn, new_should_module_be_updated)
 
 
-def _change_league(algorithm: Any, league: str, mapping_fn: Callable[..., str] | None, should_update: Any,
-                   **change: Any) -> None:
+def _change_league(algorithm: Any, settings: LeagueSettings, mapping_fn: Callable[..., str] | None,
+                   should_update: Any, **change: Any) -> None:
     """Record a change of the league (frozen modules added or removed, matchmaking) in its registry, then bring the
     driver's config and every EnvRunner in line with it now (a mapping or trainable set of None keeps the current
     one)."""
-    registry.update(league, mapping_fn=mapping_fn, policies_to_train=should_update, **change)
+    state = registry.changed(registry.read(settings.league), mapping_fn=mapping_fn, policies_to_train=should_update,
+                             **change)
+    registry.write(settings.league, state)
     update_algorithm_config(algorithm, mapping_fn, should_update)
     sync_all(algorithm)
+
+
+def _let_go(settings: LeagueSettings, entry: FrozenEntry) -> None:
+    """The league no longer plays ``entry`` (every EnvRunner has dropped it): delete its snapshot from the store,
+    memory and disk, unless it is durable. Views a process still holds stay valid until it lets go of them."""
+    if entry.durable:
+        return
+    try:
+        settings.store().delete(entry.snapshot.policy_id, version=entry.snapshot.version)
+    except UnknownPolicyError:
+        pass  # already gone (deleted by hand, or a restore re-published the module under a new version)
+
+
+def _check_frozen_id(algorithm: Any, league: registry.LeagueState, module_id: str, from_module_id: str,
+                     spec: RLModuleSpec) -> None:
+    """Refuse a frozen id that names one of RLlib's own modules, or a frozen module of another architecture."""
+    frozen = league.frozen.get(module_id)
+    if frozen is None:
+        if algorithm.get_module(module_id) is not None:
+            raise LeagueError(
+                f"add_frozen: {module_id!r} is one of this Algorithm's RLlib modules (trained or not), not a frozen "
+                f"league member: EnvRunners would play the frozen copy while the Learner trains its own under that "
+                f"name; freeze under a new id (or take it out first with algorithm.remove_module({module_id!r}))"
+            )
+        return
+    old, new = _architecture(frozen.spec), _architecture(spec)
+    if old != new:
+        differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise LeagueError(
+            f"add_frozen: frozen module {module_id!r} has another architecture than {from_module_id!r} (they differ "
+            f"in {differ[:4]}); freeze it under a new id, or remove_frozen({module_id!r}) first"
+        )
+
+
+def _architecture(spec: RLModuleSpec) -> dict[str, Any]:
+    """The module class and each inference weight's shape and dtype (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        module = spec.build()
+    return {"class": type(module).__qualname__,
+            **{k: (tuple(v.shape), str(v.dtype)) for k, v in module.state_dict().items()}}
+
+
+def _modules(algorithm: Any) -> list[str]:
+    return sorted(algorithm.env_runner.module.keys()) if algorithm.env_runner is not None else []
 
 
 def frozen_modules(algorithm: Any) -> dict[str, SnapshotId]:
     """The league's frozen module ids and the snapshots they are views of."""
     return {mid: e.snapshot for mid, e in registry.read(settings_of(algorithm).league).frozen.items()}
+
+
+def league_store(algorithm: Any) -> Any:
+    """This node's store of the Algorithm's league (``list``, ``stats``, ``verify``; its disk tier in ``stats()``)."""
+    return settings_of(algorithm).store()
 
 
 def league_name(algorithm: Any) -> str:
@@ -147,7 +217,7 @@ def _inference_weights(
         keys = spec.build().state_dict().keys()
     missing = sorted(set(keys) - set(weights))
     if missing:
-        raise ValueError(f"add_frozen: {from_module_id!r} lacks weights {missing} of its inference module")
+        raise LeagueError(f"add_frozen: {from_module_id!r} lacks weights {missing} of its inference module")
     return {k: np.ascontiguousarray(weights[k]) for k in keys}
 
 

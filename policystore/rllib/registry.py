@@ -25,9 +25,11 @@ from ..ids import SnapshotId
 _NAMESPACE = "policystore"
 
 
-class LeagueError(PolicyStoreError):
-    """An EnvRunner cannot play its league: an agent is mapped to a module it does not hold (a module the league
-    no longer has, or a frozen module whose snapshot could not be attached)."""
+class LeagueError(PolicyStoreError, ValueError):
+    """The league cannot be played or changed as asked: a mapping to a module the EnvRunners do not hold (refused
+    in the driver when the mapping is set; raised from ``train()`` when an EnvRunner meets one, e.g. a frozen module
+    whose snapshot could not be attached), or a frozen id that names one of RLlib's modules or another
+    architecture. The message names the module and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,7 @@ class FrozenEntry:
     snapshot: SnapshotId
     spec: RLModuleSpec
     on_learners: bool = False
+    durable: bool = False  # published durably: kept when the league lets go of it (remove_frozen, the job's end)
     # Checksums of other packings of exactly these tensors (a restore re-publishes a checkpoint's snapshot: same
     # tensors, new pack metadata, new checksum); a process still holding such a packing may use it.
     same_tensors_as: tuple[str, ...] = ()
@@ -50,6 +53,7 @@ class LeagueState:
     frozen: Mapping[str, FrozenEntry] = dataclasses.field(default_factory=dict)
     mapping_fn: Callable[..., str] | None = None
     policies_to_train: Any = None
+    kept: frozenset[SnapshotId] = frozenset()  # snapshots the league let go of but keeps on purpose
 
 
 def _keys(league: str) -> tuple[bytes, bytes]:
@@ -69,26 +73,29 @@ def _write(league: str, state: LeagueState) -> LeagueState:
     return state
 
 
-def update(
-    league: str,
+def changed(
+    old: LeagueState,
     add: Mapping[str, FrozenEntry] | None = None,
     remove: Iterable[str] = (),
     mapping_fn: Callable[..., str] | None = None,
     policies_to_train: Any = None,
+    keep: Iterable[SnapshotId] = (),
 ) -> LeagueState:
-    """Add/remove frozen modules; a mapping function or trainable set of None keeps the current one."""
-    old = read(league)
+    """``old`` with the change applied (not written): what the driver checks before it commits a change."""
     frozen = {mid: e for mid, e in old.frozen.items() if mid not in set(remove)}
     frozen.update(add or {})
-    return _write(
-        league,
-        LeagueState(
-            version=old.version + 1,
-            frozen=frozen,
-            mapping_fn=mapping_fn if mapping_fn is not None else old.mapping_fn,
-            policies_to_train=policies_to_train if policies_to_train is not None else old.policies_to_train,
-        ),
+    return LeagueState(
+        version=old.version + 1,
+        frozen=frozen,
+        mapping_fn=mapping_fn if mapping_fn is not None else old.mapping_fn,
+        policies_to_train=policies_to_train if policies_to_train is not None else old.policies_to_train,
+        kept=old.kept | frozenset(keep),
     )
+
+
+def write(league: str, state: LeagueState) -> LeagueState:
+    """Commit a state made by ``changed`` (the driver is the only writer)."""
+    return _write(league, state)
 
 
 def report_error(league: str, message: str) -> None:
@@ -110,8 +117,9 @@ def _error_key(league: str) -> bytes:
 
 
 def replace(league: str, frozen: Mapping[str, FrozenEntry], mapping_fn: Any, policies_to_train: Any) -> LeagueState:
-    """Set the whole state at once (checkpoint restore)."""
-    return _write(league, LeagueState(read(league).version + 1, dict(frozen), mapping_fn, policies_to_train))
+    """Set the whole state at once (checkpoint restore); snapshots kept on purpose stay kept."""
+    old = read(league)
+    return _write(league, LeagueState(old.version + 1, dict(frozen), mapping_fn, policies_to_train, old.kept))
 
 
 class LeagueFollower:

@@ -26,6 +26,7 @@ from policystore.rllib import (  # noqa: E402
     add_frozen,
     frozen_modules,
     league_name,
+    league_store,
     remove_frozen,
     set_matchmaking,
 )
@@ -49,7 +50,7 @@ def freeze(algorithm, *module_ids: str) -> None:
 
 def stored_bytes(algorithm) -> dict[str, dict[str, bytes]]:
     """Every frozen snapshot's bytes as the node store holds them (after verifying its checksum)."""
-    store = policystore.connect()
+    store = league_store(algorithm)
     out = {}
     for module_id, sid in frozen_modules(algorithm).items():
         store.verify(sid.policy_id, sid.version)
@@ -115,7 +116,7 @@ def test_rllib_broadcast_paths_never_write_into_views(algo):
     algo.add_module("extra", RLModuleSpec.from_module(algo.get_module("main")))  # broadcasts every module
     algo.remove_module("extra")  # and again
     algo.set_state(algo.get_state())  # full round trip: Learner state, then sync to every EnvRunner
-    store = policystore.connect()
+    store = league_store(algo)
     forged = {"rl_module": {}, "weights_seq_no": 0}
     for mid, sid in frozen_modules(algo).items():
         snap = store.get(sid.policy_id, sid.version)
@@ -180,7 +181,7 @@ def test_checkpoint_restore_keeps_frozen_snapshots_bitwise(algo, tmp_path):
     freeze(algo, "main_v2", "main_v3")
     saved = stored_bytes(algo)
     path = algo.save_to_path(tmp_path / "ckpt")
-    store = policystore.connect()
+    store = league_store(algo)
     for sid in frozen_modules(algo).values():  # the store forgets them: only the checkpoint can bring them back
         store.delete(sid.policy_id)
 
@@ -283,7 +284,7 @@ def test_a_mapping_to_a_module_the_env_runners_lack_raises_in_train(algo):
 
 def test_a_frozen_module_whose_snapshot_is_gone_raises_in_train(algo):
     sid = add_frozen(algo, "main_v5", "main", new_agent_to_module_mapping_fn=opponent_mapping("main_v5"))
-    policystore.connect().delete(sid.policy_id, version=sid.version)
+    league_store(algo).delete(sid.policy_id, version=sid.version)
     kill_env_runner(algo)  # comes back without main_v5: the store no longer has it
     with pytest.raises(LeagueError) as error:
         for _ in range(4):

@@ -14,7 +14,7 @@ pytest.importorskip("ray.rllib")
 
 import policystore  # noqa: E402
 from examples.rllib_nim_league import Nim, build_config, league_of, parse_args  # noqa: E402
-from policystore.rllib import frozen_modules, remove_frozen  # noqa: E402
+from policystore.rllib import frozen_modules, league_store, remove_frozen  # noqa: E402
 
 pytestmark = pytest.mark.rllib
 SHORT = ["--env-runners", "1", "--hidden", "16", "--batch", "200", "--max-frozen", "2", "--win-rate-threshold", "-1"]
@@ -73,14 +73,17 @@ def test_nim_league_with_store_backed_opponents(ray_session, monkeypatch):
         assert calls
         monkeypatch.undo()
 
-        # remove_frozen keeps the snapshot in the store (league history) unless told to delete it.
-        store = policystore.connect()
+        # The league lets go of what it removes (the runs above removed main_v1): the store deletes it, memory
+        # and disk, unless kept on purpose.
+        store = league_store(algorithm)
         listed = {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()}
-        assert {"main_v1", "main_v2", "main_v3"} <= listed
+        assert listed == {"main_v2", "main_v3"}
         hot = store.stats().hot_bytes
         size = next(row.nbytes for row in store.list() if row.id == frozen_modules(algorithm)["main_v2"])
-        remove_frozen(algorithm, "main_v2", delete_snapshot=True)
-        assert "main_v2" not in {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()}
+        remove_frozen(algorithm, "main_v2", keep=True)
+        assert "main_v2" in {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()}
+        remove_frozen(algorithm, "main_v3", new_agent_to_module_mapping_fn=lambda agent, episode, **kw: "main")
+        assert {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()} == {"main_v2"}
         assert store.stats().hot_bytes == hot - size
     finally:
         algorithm.stop()

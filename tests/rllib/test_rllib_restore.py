@@ -21,9 +21,8 @@ pytest.importorskip("ray.rllib")
 import ray  # noqa: E402
 from ray.rllib.algorithms.algorithm import Algorithm  # noqa: E402
 
-import policystore  # noqa: E402
 from examples.rllib_nim_league import build_config, league_mapping, parse_args  # noqa: E402
-from policystore.rllib import add_frozen, frozen_modules  # noqa: E402
+from policystore.rllib import add_frozen, frozen_modules, league_name, league_store  # noqa: E402
 
 pytestmark = pytest.mark.rllib
 SHORT = ["--env-runners", "1", "--hidden", "16", "--batch", "200", "--win-rate-threshold", "2"]  # no auto-freeze
@@ -36,7 +35,7 @@ def start_ray() -> None:
 
 def listed(algorithm) -> dict[str, str]:
     """Frozen module id -> checksum, as the store of the current session lists the snapshot."""
-    store = policystore.connect()
+    store = league_store(algorithm)
     rows = {row.id: row.checksum for row in store.list()}
     return {mid: rows.get(sid) for mid, sid in frozen_modules(algorithm).items()}
 
@@ -83,9 +82,9 @@ def scenario(tmp_path: Path) -> None:
 
     start_ray()
     try:
-        assert policystore.connect().list() == []  # a new session: the store starts empty
         restored = Algorithm.from_checkpoint(path)
         try:
+            assert league_name(restored) != league_name(old)  # its own league, re-published in this session
             now = listed(restored)  # re-published, not skipped (new pack metadata: new checksums)
             assert set(now) == set(saved_checksums) and None not in now.values()
             runners = restored.env_runner_group.foreach_env_runner(held_bytes, local_env_runner=True)

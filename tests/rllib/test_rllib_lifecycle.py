@@ -1,0 +1,156 @@
+"""A league's snapshots over a job's life on real RLlib PPO (1 EnvRunner, two-agent CartPole): what the league lets go
+of leaves memory and the job's disk tier, mistakes are refused in the driver before anything changes, and the job's
+end removes its store and disk tier (but what is durable).
+
+The tests run in file order on one Algorithm; the last one stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import eventually
+
+pytest.importorskip("ray.rllib")
+
+import ray  # noqa: E402
+from ray.rllib.callbacks.callbacks import RLlibCallback  # noqa: E402
+
+from benchmarks.harness import object_store_used_bytes  # noqa: E402
+from examples.rllib_cartpole_league import opponent_mapping, ppo_config  # noqa: E402
+from policystore.config import store_name  # noqa: E402
+from policystore.rllib import (  # noqa: E402
+    LeagueError,
+    NotSetUpError,
+    add_frozen,
+    frozen_modules,
+    league_name,
+    league_store,
+    registry,  # noqa: E402
+    remove_frozen,
+    set_matchmaking,
+)
+
+pytestmark = pytest.mark.rllib
+HIDDEN = 256  # two layers: a 0.27 MiB snapshot, well above Ray's inline-object size, so it lives in the object store
+
+
+@pytest.fixture(scope="module")
+def algo(ray_session):
+    algorithm = ppo_config(env_runners=1, hidden=HIDDEN).build_algo()
+    yield algorithm
+    if not getattr(algorithm, "_policystore_test_stopped", False):
+        algorithm.stop()
+
+
+def spill_files(algorithm) -> set[str]:
+    """Snapshot files in the league's disk tier (module id of each), after every pending spill is written."""
+    store = league_store(algorithm)
+    store.flush()
+    folder = Path(store.stats().spill_dir)
+    return {p.parent.name.rsplit(".", 1)[1] for p in folder.rglob("*.safetensors*")}
+
+
+def listed(algorithm) -> set[str]:
+    return {row.id.policy_id.rsplit(".", 1)[1] for row in league_store(algorithm).list()}
+
+
+def runner_pid(algorithm) -> int:
+    return algorithm.env_runner_group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False)[0]
+
+
+def test_the_job_disk_tier_is_in_the_algorithms_log_dir(algo):
+    assert league_store(algo).stats().spill_dir.startswith(os.path.join(algo.logdir, "policystore-spill"))
+
+
+def test_a_churning_league_keeps_only_its_live_opponents(algo):
+    live: list[str] = []
+    for i in range(1, 6):  # cap 2, one freeze per step
+        live.append(f"v{i}")
+        add_frozen(algo, live[-1], "main", new_agent_to_module_mapping_fn=opponent_mapping(live[-1]))
+        if len(live) > 2:
+            remove_frozen(algo, live.pop(0))
+    assert set(frozen_modules(algo)) == set(live) == {"v4", "v5"}
+    assert listed(algo) == set(live) and spill_files(algo) == set(live)
+    store = league_store(algo)
+    assert store.stats().hot_bytes == sum(row.nbytes for row in store.list())
+
+    # Once every EnvRunner has dropped it, nothing maps the removed snapshot: the object store frees its bytes.
+    size = next(row.nbytes for row in store.list() if row.id.policy_id.endswith(".v4"))
+    before = object_store_used_bytes()
+    remove_frozen(algo, "v4")
+    eventually(lambda: object_store_used_bytes() <= before - size, "the removed snapshot's bytes freed", 60)
+    assert listed(algo) == spill_files(algo) == {"v5"}
+
+
+def test_kept_and_durable_snapshots_stay(algo):
+    add_frozen(algo, "kept", "main")
+    add_frozen(algo, "durable", "main", durable=True)
+    remove_frozen(algo, "kept", keep=True)
+    remove_frozen(algo, "durable")
+    assert {"kept", "durable"} <= listed(algo) and {"kept", "durable"} <= spill_files(algo)
+    assert "kept" not in frozen_modules(algo) and "durable" not in frozen_modules(algo)
+
+
+def test_refreezing_an_id_lets_go_of_its_old_snapshot(algo):
+    old = frozen_modules(algo)["v5"]
+    new = add_frozen(algo, "v5", "main", new_agent_to_module_mapping_fn=opponent_mapping("v5"))
+    assert new.version > old.version
+    assert [row.id for row in league_store(algo).list(old.policy_id)] == [new]
+
+
+def test_mistakes_are_refused_in_the_driver_and_change_nothing(algo):
+    version, pid = registry.read(league_name(algo)).version, runner_pid(algo)
+    with pytest.raises(LeagueError, match=r"'main_v0' is one of this Algorithm's RLlib modules.*new id"):
+        add_frozen(algo, "main_v0", "main")  # an RLlib module (here one it does not train)
+    with pytest.raises(LeagueError, match=r"'main' is one of this Algorithm's RLlib modules"):
+        add_frozen(algo, "main", "v5")
+    with pytest.raises(LeagueError, match=r"maps agent 1 to module 'v9'.*nothing was changed"):
+        set_matchmaking(algo, opponent_mapping("v9"))
+    with pytest.raises(LeagueError, match=r"maps agent 1 to module 'v5'"):
+        remove_frozen(algo, "v5")  # the current matchmaking still plays it
+    with pytest.raises(LeagueError, match=r"maps agent 1 to module 'v6'"):
+        add_frozen(algo, "v7", "main", new_agent_to_module_mapping_fn=opponent_mapping("v6"))
+    assert registry.read(league_name(algo)).version == version and "v7" not in listed(algo)
+    # No EnvRunner met the mistake: the same process trains on, healthy.
+    result = algo.train()
+    assert algo.env_runner_group.num_healthy_remote_workers() == 1 and runner_pid(algo) == pid
+    assert result["env_runners"]["num_module_steps_sampled"].get("v5", 0) > 0
+
+
+def test_another_architecture_under_a_frozen_id_is_refused(algo):
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    algo.add_module("small", RLModuleSpec(model_config=DefaultModelConfig(fcnet_hiddens=[8])),
+                    new_should_module_be_updated=["main"])
+    try:
+        with pytest.raises(LeagueError, match=r"frozen module 'v5' has another architecture than 'small'"):
+            add_frozen(algo, "v5", "small")
+    finally:
+        algo.remove_module("small", new_should_module_be_updated=["main"])
+
+
+def test_callbacks_replaced_after_set_up_fail_build_in_the_driver(ray_session):
+    class MyCallback(RLlibCallback):
+        pass
+
+    config = ppo_config(env_runners=1, hidden=8).callbacks(MyCallback)  # replaces PolicyStoreCallback
+    with pytest.raises(NotSetUpError, match=r"call it after config.callbacks"):
+        config.build_algo()
+
+
+def test_the_jobs_end_removes_its_store_and_disk_tier_but_what_it_keeps(algo):
+    store, league = league_store(algo), league_name(algo)
+    folder = Path(store.stats().spill_dir)
+    node = ray.get_runtime_context().get_node_id()
+    algo.stop()
+    algo._policystore_test_stopped = True
+    assert ray.util.list_named_actors(all_namespaces=True)
+    assert not any(a["name"] == store_name(node, league) for a in ray.util.list_named_actors(all_namespaces=True))
+    kept = {p.parent.name.rsplit(".", 1)[1] for p in folder.rglob("*.safetensors*")}
+    assert kept == {"kept", "durable"}  # the rest was deleted, the store stopped
+    shutil.rmtree(os.path.join(algo.logdir, "policystore-spill"))  # what the test kept on purpose
