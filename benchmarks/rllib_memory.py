@@ -60,9 +60,9 @@ from benchmarks.harness import (
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rllib", "rllib+store")
-COLUMNS = ["job", "mode", "env_runners", "frozen", "what", "process", "pss_mib", "uss_mib", "copies_per_node",
-           "live_mib", "copies_live", "module_mib", "loadavg_1m"]
-JOBS = ("freeze", "train")
+COLUMNS = ["job", "mode", "env_runners", "frozen", "iteration", "what", "process", "pss_mib", "uss_mib",
+           "copies_per_node", "live_mib", "copies_live", "held", "module_mib", "loadavg_1m"]
+JOBS = ("freeze", "train", "churn")
 
 
 def pss_uss(pids: list[int]) -> tuple[int, int]:
@@ -91,10 +91,20 @@ def per_pid(pid: int) -> tuple[int, int]:
     return info.pss, info.uss
 
 
+def store_actors(algorithm: Any) -> tuple[tuple[str, str], ...]:
+    """(role, actor name) of the league's store on this node and its catalog."""
+    import ray
+
+    from policystore.config import catalog_name, store_name
+    from policystore.rllib import league_store
+
+    league = league_store(algorithm).league
+    return (("store_actor", store_name(ray.get_runtime_context().get_node_id(), league)),
+            ("catalog_actor", catalog_name(league)))
+
+
 def process_roles(algorithm: Any, stock: bool) -> dict[str, int]:
     """Role -> pid of every process the ``process`` rows name (the rest of the session is ``rest``)."""
-    from policystore.config import CATALOG_NAME, store_name
-
     roles = {"driver": os.getpid()}
     learners = algorithm.learner_group.foreach_learner(lambda learner: os.getpid()) \
         if not algorithm.learner_group.is_local else []
@@ -103,10 +113,7 @@ def process_roles(algorithm: Any, stock: bool) -> dict[str, int]:
     for i, pid in enumerate(env_runner_pids(algorithm), start=1):
         roles[f"env_runner_{i}"] = pid
     if not stock:
-        import ray
-
-        for role, name in (("store_actor", store_name(ray.get_runtime_context().get_node_id())),
-                           ("catalog_actor", CATALOG_NAME)):
+        for role, name in store_actors(algorithm):
             pid = actor_pid(name)
             if pid is not None:
                 roles[role] = pid
@@ -157,10 +164,31 @@ def module_mib(algorithm: Any) -> float:
     return sum(v.nbytes for v in state.values()) / MiB
 
 
+def readings(job: str, frozen: list[int], cap: int, iterations: int) -> list[tuple[int, int]]:
+    """(frozen modules, iteration) at each reading: the K values (freeze, train), or every 10th iteration of a
+    churning league of ``cap`` opponents and its last (churn)."""
+    if job != "churn":
+        return [(k, 0) for k in frozen]
+    return [(0, i) for i in sorted({*range(10, iterations + 1, 10), iterations})]
+
+
+def held(algorithm: Any, stock: bool) -> int:
+    """Frozen snapshots the job holds: modules of the Learner other than the trained ones (stock), snapshots in the
+    league's store (store): what a league that lets go of its removed opponents keeps at its cap."""
+    if stock:
+        found = algorithm.learner_group.foreach_learner(lambda learner: len(learner.module.keys()))
+        return (found[0].get() if hasattr(found[0], "get") else found[0]) - 2  # main and main_v0
+    from policystore.rllib import league_store
+
+    return len(league_store(algorithm).list())
+
+
 def measure(results: Results, job: str, mode: str, env_runners: int, frozen: list[int], hidden: int, learners: int,
-            advance: Any) -> None:
-    """Emit the rows of one (job, mode, N): one Algorithm grown through the K values in ``frozen``."""
-    from examples.rllib_cartpole_league import freeze, ppo_config, round_robin_mapping
+            advance: Any, cap: int = 8, iterations: int = 30) -> None:
+    """Emit the rows of one (job, mode, N): one Algorithm grown through the K values in ``frozen`` (freeze,
+    train), or a league of at most ``cap`` opponents that freezes one and drops the oldest every iteration
+    (churn)."""
+    from examples.rllib_cartpole_league import freeze, ppo_config, round_robin_mapping, unfreeze
 
     stock = mode == "rllib"
     config = ppo_config(env_runners=env_runners, hidden=hidden, store=not stock).learners(num_learners=learners)
@@ -174,18 +202,22 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
         base_node, base_runners, base_roles = pss_uss(session_pids()), pss_uss(runners), by_process(roles)
         base_live = live_bytes()
         have: list[str] = []
-        for k in frozen:
-            while len(have) < k:
-                have.append(f"main_v{len(have) + 1}")
-                freeze(algorithm, have[-1], round_robin_mapping(have), stock=stock)
-                if job == "train":
+        for k, iteration in readings(job, frozen, cap, iterations):
+            while len(have) < k or algorithm.iteration < iteration:
+                have.append(f"main_v{len(have) + 1}" if job != "churn" else f"main_v{algorithm.iteration}")
+                freeze(algorithm, have[-1], round_robin_mapping(have[-cap:] if job == "churn" else have), stock=stock)
+                if job == "churn" and len(have) > cap:
+                    unfreeze(algorithm, have.pop(0), round_robin_mapping(have), stock=stock)
+                if job != "freeze":
                     algorithm.train()
                 advance()
+            k = len(have)
             algorithm.env_runner_group.foreach_env_runner(
                 lambda runner, n=k + 1: runner.sample(num_episodes=n), local_env_runner=False
             )
             settle(algorithm)
-            point = {"job": job, "mode": mode, "env_runners": env_runners, "frozen": k, "module_mib": round(size, 3)}
+            point = {"job": job, "mode": mode, "env_runners": env_runners, "frozen": k, "module_mib": round(size, 3),
+                     "iteration": algorithm.iteration}
             node = pss_uss(session_pids())
             node_pss = (node[0] - base_node[0]) / MiB
             results.emit({**point, "what": "node", "pss_mib": round(node_pss, 1),
@@ -193,7 +225,7 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
                           "copies_per_node": round(node_pss / (k * size), 2)})
             live = (live_bytes() - base_live) / MiB
             results.emit({**point, "what": "node_live", "live_mib": round(live, 1),
-                          "copies_live": round(live / (k * size), 2)})
+                          "copies_live": round(live / (k * size), 2), "held": held(algorithm, stock)})
             now = pss_uss(runners)
             results.emit({**point, "what": "env_runner",
                           "pss_mib": round((now[0] - base_runners[0]) / MiB / env_runners, 1),
@@ -203,18 +235,13 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
                 results.emit({**point, "what": "process", "process": role, "pss_mib": round((pss - base[0]) / MiB, 1),
                               "uss_mib": round((uss - base[1]) / MiB, 1)})
             if not stock:
-                emit_actors(results, point)
+                emit_actors(results, point, algorithm)
     finally:
         algorithm.stop()
 
 
-def emit_actors(results: Results, point: dict[str, Any]) -> None:
-    import ray
-
-    from policystore.config import CATALOG_NAME, store_name
-
-    for what, name in (("store_actor", store_name(ray.get_runtime_context().get_node_id())),
-                       ("catalog_actor", CATALOG_NAME)):
+def emit_actors(results: Results, point: dict[str, Any], algorithm: Any) -> None:
+    for what, name in store_actors(algorithm):
         pid = actor_pid(name)
         if pid is not None:
             pss, uss = pss_uss([pid])
@@ -256,25 +283,30 @@ def main(argv: list[str] | None = None) -> None:
                         help="width of the two hidden layers (1024: a 4.0 MiB frozen module)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--job", choices=JOBS, default="freeze",
-                        help="freeze: only freeze between readings; train: one train() after every freeze")
+                        help="freeze: only freeze between readings; train: one train() after every freeze; churn: "
+                             "one freeze and one train() per iteration, the oldest opponent dropped beyond --cap")
+    parser.add_argument("--cap", type=int, default=8, help="churn: opponents the league keeps")
+    parser.add_argument("--iterations", type=int, default=30, help="churn: iterations (one freeze each)")
     parser.add_argument("--learners", type=int, default=0, help="remote Learners (0: the Learner is in the driver)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.env_runners, args.frozen, args.hidden = [2], [4], 512
+        args.env_runners, args.frozen, args.hidden, args.cap, args.iterations = [2], [4], 512, 2, 4
     setup_logging(args.verbose)
     # Ray workers of a local cluster inherit this environment: let them import the project and its examples.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     frozen = sorted(args.frozen)
     results = Results("rllib_memory", args, {"env_runners": args.env_runners, "frozen": frozen,
                                              "hidden": args.hidden, "modes": args.modes, "job": args.job,
-                                             "learners": args.learners})
+                                             "learners": args.learners, "cap": args.cap,
+                                             "iterations": args.iterations})
     with progress() as bar:
-        task = bar.add_task("freezing league snapshots", total=len(args.modes) * len(args.env_runners) * frozen[-1])
+        steps = args.iterations if args.job == "churn" else frozen[-1]
+        task = bar.add_task("freezing league snapshots", total=len(args.modes) * len(args.env_runners) * steps)
         for mode in args.modes:
             for n in args.env_runners:
                 with ray_session(object_store_bytes=1_500_000_000, num_cpus=2):
                     measure(results, args.job, mode, n, frozen, args.hidden, args.learners,
-                            lambda: bar.advance(task))
+                            lambda: bar.advance(task), args.cap, args.iterations)
     results.finish(COLUMNS, plot, notes=[
         "node: delta over the same Algorithm with no frozen module, summed over every process of the Ray session; "
         "env_runner: delta per remote EnvRunner (mean); process: the node delta split by process; store_actor, "

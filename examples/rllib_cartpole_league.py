@@ -106,6 +106,20 @@ def freeze(algorithm: Any, module_id: str, mapping: Any, *, stock: bool) -> None
         add_frozen(algorithm, module_id, "main", new_agent_to_module_mapping_fn=mapping)
 
 
+def unfreeze(algorithm: Any, module_id: str, mapping: Any, *, stock: bool) -> None:
+    """Take frozen ``module_id`` out of the league, agent 1 then matched by ``mapping``.
+
+    Stock: RLlib's ``remove_module`` (off the Learner and every EnvRunner). Store: ``remove_frozen`` (off every
+    EnvRunner; the store deletes the snapshot).
+    """
+    if stock:
+        algorithm.remove_module(module_id, new_agent_to_module_mapping_fn=mapping)
+    else:
+        from policystore.rllib import remove_frozen
+
+        remove_frozen(algorithm, module_id, new_agent_to_module_mapping_fn=mapping)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     import ray
 

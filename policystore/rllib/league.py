@@ -71,9 +71,10 @@ def add_frozen(
     )
     if add_to_learners:
         _add_to_learners(algorithm, module_id, from_module_id, source, new_should_module_be_updated)
-    _change_league(algorithm, settings, new_agent_to_module_mapping_fn, new_should_module_be_updated,
-                   add={module_id: FrozenEntry(snapshot, spec, add_to_learners, durable)})
     replaced = old.frozen.get(module_id)
+    _change_league(algorithm, settings, new_agent_to_module_mapping_fn, new_should_module_be_updated,
+                   add={module_id: FrozenEntry(snapshot, spec, add_to_learners, durable)},
+                   keep=[replaced.snapshot] if replaced is not None and replaced.durable else [])
     if replaced is not None:
         _let_go(settings, replaced)
     return snapshot
@@ -104,7 +105,7 @@ def remove_frozen(
     if entry.on_learners:
         algorithm.learner_group.remove_module(module_id, new_should_module_be_updated=new_should_module_be_updated)
     _change_league(algorithm, settings, new_agent_to_module_mapping_fn, new_should_module_be_updated,
-                   remove=[module_id], keep=[entry.snapshot] if keep else [])
+                   remove=[module_id], keep=[entry.snapshot] if keep or entry.durable else [])
     if not keep:
         _let_go(settings, entry)
 

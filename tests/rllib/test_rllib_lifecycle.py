@@ -122,11 +122,14 @@ def test_mistakes_are_refused_in_the_driver_and_change_nothing(algo):
 
 
 def test_another_architecture_under_a_frozen_id_is_refused(algo):
+    import dataclasses
+
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    algo.add_module("small", RLModuleSpec(model_config=DefaultModelConfig(fcnet_hiddens=[8])),
-                    new_should_module_be_updated=["main"])
+    small = dataclasses.replace(RLModuleSpec.from_module(algo.get_module("main")), load_state_path=None,
+                                model_config=DefaultModelConfig(fcnet_hiddens=[8]))
+    algo.add_module("small", small, new_should_module_be_updated=["main"])
     try:
         with pytest.raises(LeagueError, match=r"frozen module 'v5' has another architecture than 'small'"):
             add_frozen(algo, "v5", "small")
