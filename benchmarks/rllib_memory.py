@@ -177,7 +177,7 @@ def held(algorithm: Any, stock: bool) -> int:
     league's store (store): what a league that lets go of its removed opponents keeps at its cap."""
     if stock:
         found = algorithm.learner_group.foreach_learner(lambda learner: len(learner.module.keys()))
-        return (found[0].get() if hasattr(found[0], "get") else found[0]) - 2  # main and main_v0
+        return [r.get() for r in found][0] - 2  # all but main and main_v0
     from policystore.rllib import league_store
 
     return len(league_store(algorithm).list())

@@ -271,15 +271,16 @@ def test_an_algorithm_restored_beside_the_live_one_gets_a_league_of_its_own(algo
         restored.stop()
 
 
-def test_a_mapping_to_a_module_the_env_runners_lack_raises_in_train(algo):
-    set_matchmaking(algo, opponent_mapping("main_v7"))  # no such module
+def test_a_mapping_to_a_module_the_env_runners_lack_is_refused_when_set(algo):
+    refreeze(algo)
+    pids = algo.env_runner_group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False)
     with pytest.raises(LeagueError) as error:
-        for _ in range(3):
-            algo.train()
-    assert "'main_v7'" in str(error.value) and repr(league_name(algo)) in str(error.value)
+        set_matchmaking(algo, opponent_mapping("main_v7"))  # no such module
+    assert "'main_v7'" in str(error.value) and "nothing was changed" in str(error.value)
 
     set_matchmaking(algo, opponent_mapping("main_v3"))
     assert train_healthy(algo)["env_runners"]["num_module_steps_sampled"].get("main_v3", 0) > 0
+    assert algo.env_runner_group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False) == pids
 
 
 def test_a_frozen_module_whose_snapshot_is_gone_raises_in_train(algo):

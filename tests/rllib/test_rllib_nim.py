@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("ray.rllib")
 
 import policystore  # noqa: E402
-from examples.rllib_nim_league import Nim, build_config, league_of, parse_args  # noqa: E402
+from examples.rllib_nim_league import Nim, build_config, league_mapping, league_of, parse_args  # noqa: E402
 from policystore.rllib import frozen_modules, league_store, remove_frozen  # noqa: E402
 
 pytestmark = pytest.mark.rllib
@@ -80,7 +80,7 @@ def test_nim_league_with_store_backed_opponents(ray_session, monkeypatch):
         assert listed == {"main_v2", "main_v3"}
         hot = store.stats().hot_bytes
         size = next(row.nbytes for row in store.list() if row.id == frozen_modules(algorithm)["main_v2"])
-        remove_frozen(algorithm, "main_v2", keep=True)
+        remove_frozen(algorithm, "main_v2", keep=True, new_agent_to_module_mapping_fn=league_mapping(["main_v3"]))
         assert "main_v2" in {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()}
         remove_frozen(algorithm, "main_v3", new_agent_to_module_mapping_fn=lambda agent, episode, **kw: "main")
         assert {row.id.policy_id.rsplit(".", 1)[1] for row in store.list()} == {"main_v2"}
