@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,9 @@ pytest.importorskip("ray.rllib")
 import ray  # noqa: E402
 from ray.rllib.callbacks.callbacks import RLlibCallback  # noqa: E402
 
-from benchmarks.harness import object_store_used_bytes  # noqa: E402
 from examples.rllib_cartpole_league import opponent_mapping, ppo_config  # noqa: E402
-from policystore.config import store_name  # noqa: E402
+from policystore.config import NAMESPACE, store_name  # noqa: E402
+from policystore.errors import PolicyStoreError  # noqa: E402
 from policystore.rllib import (  # noqa: E402
     LeagueError,
     NotSetUpError,
@@ -56,6 +57,14 @@ def spill_files(algorithm) -> set[str]:
 
 def listed(algorithm) -> set[str]:
     return {row.id.policy_id.rsplit(".", 1)[1] for row in league_store(algorithm).list()}
+
+
+def object_store_used_bytes() -> int:
+    """Bytes of live objects in this node's object store, as Ray's plasma store counts them."""
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    reply = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address))
+    return int(reply.store_stats.object_store_bytes_used)
 
 
 def runner_pid(algorithm) -> int:
@@ -146,6 +155,19 @@ def test_callbacks_replaced_after_set_up_fail_build_in_the_driver(ray_session):
         config.build_algo()
 
 
+def test_the_league_goes_on_after_its_store_actor_dies(algo):
+    league, node = league_name(algo), ray.get_runtime_context().get_node_id()
+    frozen = {mid: sid for mid, sid in frozen_modules(algo).items()}
+    spill_files(algo)  # everything on disk: the restarted store rebuilds from its disk tier
+    ray.kill(ray.get_actor(store_name(node, league), namespace=NAMESPACE), no_restart=False)
+    eventually(lambda: {row.id for row in league_store(algo).list()} >= set(frozen.values()),
+               "the restarted store listing the league's snapshots", ignore=(PolicyStoreError,))
+    add_frozen(algo, "v6", "main", new_agent_to_module_mapping_fn=opponent_mapping("v6"))
+    result = algo.train()
+    assert result["env_runners"]["num_module_steps_sampled"].get("v6", 0) > 0
+    assert algo.env_runner_group.num_healthy_remote_workers() == 1
+
+
 def test_the_jobs_end_removes_its_store_and_disk_tier_but_what_it_keeps(algo):
     store, league = league_store(algo), league_name(algo)
     folder = Path(store.stats().spill_dir)
@@ -157,3 +179,12 @@ def test_the_jobs_end_removes_its_store_and_disk_tier_but_what_it_keeps(algo):
     kept = {p.parent.name.rsplit(".", 1)[1] for p in folder.rglob("*.safetensors*")}
     assert kept == {"kept", "durable"}  # the rest was deleted, the store stopped
     shutil.rmtree(os.path.join(algo.logdir, "policystore-spill"))  # what the test kept on purpose
+
+
+def test_the_package_docstring_example_runs(ray_session):
+    """The example a user reads first (``help(policystore.rllib)``) is run as written."""
+    import policystore.rllib as adapter
+
+    example = textwrap.dedent(adapter.__doc__.split("::\n", 1)[1].split("\nSee docs/rllib.md", 1)[0])
+    assert "add_frozen(" in example and "remove_frozen(" in example
+    exec(compile(example, "policystore.rllib docstring", "exec"), {})  # noqa: S102 - the docs' own code
