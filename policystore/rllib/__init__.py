@@ -1,11 +1,34 @@
 """RLlib adapter (new API stack, Ray 2.60): league-frozen modules as zero-copy views into the node store.
 
-The lines a user changes::
+A league of PPO on two-agent CartPole, ``main`` against frozen copies of itself (the lines that differ from stock
+RLlib are marked)::
 
-    config = with_policystore(PPOConfig()...)   # SharedEnvRunner + PolicyStoreCallback
-    # instead of algorithm.add_module(...) + algorithm.set_state(...):
-    add_frozen(algorithm, "main_3", "main", new_agent_to_module_mapping_fn=fn)
-    remove_frozen(algorithm, "main_0")          # instead of algorithm.remove_module(...)
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+
+    from policystore.rllib import add_frozen, remove_frozen, with_policystore
+
+
+    def plays(opponent):  # agent 0 plays "main", agent 1 plays ``opponent``
+        return lambda agent_id, episode, **kwargs: "main" if agent_id == 0 else opponent
+
+
+    config = with_policystore(  # policystore: SharedEnvRunner + PolicyStoreCallback
+        PPOConfig()
+        .environment(MultiAgentCartPole, env_config={"num_agents": 2})
+        .env_runners(num_env_runners=1)
+        .training(train_batch_size_per_learner=256, minibatch_size=64, num_epochs=1)
+        .multi_agent(policies={"main", "random"}, policy_mapping_fn=plays("random"), policies_to_train=["main"])
+    )
+    algorithm = config.build_algo()
+    for i in range(1, 4):
+        algorithm.train()
+        # policystore: instead of algorithm.add_module(...) + algorithm.set_state(...)
+        add_frozen(algorithm, f"main_{i}", "main", new_agent_to_module_mapping_fn=plays(f"main_{i}"))
+        if i > 2:  # policystore: instead of algorithm.remove_module(...); the store deletes the snapshot
+            remove_frozen(algorithm, f"main_{i - 2}")
+    algorithm.train()
+    algorithm.stop()  # also removes the league's store and its disk tier
 
 See docs/rllib.md for what is guaranteed and the known limits.
 """
