@@ -13,13 +13,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import errors
+from . import errors, logs
 from .config import StoreConfig
 from .errors import PolicyStoreError
 from .ids import SnapshotId
 from .wire import SnapshotInfo, StoreStats, VerifyReport
 
 __version__ = "0.1.0"
+
+logs.apply()  # POLICYSTORE_LOG_LEVEL, in drivers and in every Ray worker that imports the package
 
 if TYPE_CHECKING:
     from .client import PolicyStore, connect, connect_all

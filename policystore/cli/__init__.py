@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import logs
 from ..errors import (
     CorruptSnapshotError,
     InvalidPolicyIdError,
@@ -371,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, default in (("address", None), ("dir", None), ("league", None), ("json", False), ("verbose", False)):
         setattr(args, name, getattr(args, name, default))
     if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        logs.verbose()
     out = Output(args.json)
     source = None
     try:

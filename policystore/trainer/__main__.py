@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import sys
 
+from policystore import logs
 from policystore.league.games import CONNECT4, get_game
 from policystore.trainer.config import DEFAULT_MINUTES, TrainConfig
 from policystore.trainer.run import train_in
@@ -89,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-sims", type=int, default=d.ppo.search_sims,
                    help=f"simulations per searched position (default {d.ppo.search_sims})")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print policystore's informational log lines, from every process of the run")
     return p.parse_args(argv)
 
 
@@ -117,6 +120,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     """Everything the command line says is checked before Ray starts: the run folder, the game, the settings."""
     args = parse_args(argv)
+    if args.verbose:
+        logs.verbose()
     config = None
     if not args.resume:
         with bad_input(PROG, f"--game {args.game}"):
