@@ -18,7 +18,13 @@ from policystore.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 ROOT = Path(__file__).resolve().parents[2]
 HEAD = """
 import sys, ray, torch, policystore
-ray.init(address="local", num_cpus=1, object_store_memory=200_000_000, include_dashboard=False)
+for attempt in range(3):  # a node start can time out on an overloaded machine: that is not what is tested here
+    try:
+        ray.init(address="local", num_cpus=1, object_store_memory=200_000_000, include_dashboard=False)
+        break
+    except Exception:
+        if attempt == 2:
+            raise
 store = policystore.connect(policystore.StoreConfig(spill_dir=sys.argv[1]))
 store.publish("main_0", {"w": torch.ones(4)}, {"step": 1})
 print(ray.get_runtime_context().gcs_address, flush=True)
