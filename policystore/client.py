@@ -305,7 +305,8 @@ class PolicyStore:
             session.retire(staging)
             return None
         try:
-            return self._call(StoreServer.publish_staged, policy_id, str(staging.path), nbytes, durable,
+            reads = self._follower is not None and self._follower.reads(policy_id)
+            return self._call(StoreServer.publish_staged, policy_id, str(staging.path), nbytes, durable, reads,
                               idempotent=False, timeout_s=self.config.publish_timeout_s(nbytes))
         except BaseException:
             session.retire(staging)

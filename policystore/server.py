@@ -374,12 +374,15 @@ class StoreServer:
             raise InvalidWeightsError("publish takes a packed snapshot (1-D uint8 buffer from policystore.format.pack)")
         return self._publish(policy_id, buf, durable)
 
-    def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False
+    def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False, hand_back: bool = False
                        ) -> SnapshotId | HotSnapshot:
         """Publish the snapshot a publisher on this node packed into the first ``nbytes`` of its staging file (the
-        file stays: the publisher packs its next snapshot into the same pages). Returns the new snapshot with its
-        ref (or only its id, if it is hot no longer): the publisher reads its own write with no further call."""
+        file stays: the publisher packs its next snapshot into the same pages). Returns its id, or, ``hand_back``,
+        the new snapshot with its ref (if it is still hot), so that a publisher that reads the policy reads its
+        own write with no further call (one that only publishes does not borrow it)."""
         sid = self._publish(policy_id, self._staging.view(path, nbytes), durable)
+        if not hand_back:
+            return sid
         with self._lock:
             return self.hot.get(sid) or sid
 

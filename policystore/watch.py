@@ -473,6 +473,10 @@ class Follower:
     def hot(self, sid: SnapshotId) -> Pushed | None:
         return self._hot.get(sid)
 
+    def reads(self, policy_id: str) -> bool:
+        """Whether this process has read ``policy_id`` (its pushes are mapped ahead, its own publishes kept)."""
+        return policy_id in self._reads
+
     def take_ahead(self, sid: SnapshotId) -> object:
         """What ``ready`` made of pushed ``sid`` (None: nothing yet), handed out once."""
         with self._lock:
@@ -494,14 +498,13 @@ class Follower:
         pushed = Pushed(ref, parse_head(head, name=str(sid)))
         self.used(sid, read=False)
         with self._lock:
-            reads = sid.policy_id in self._reads
             if any(s.policy_id == sid.policy_id and s.version > sid.version for s in self._hot):
                 return  # a newer version was pushed meanwhile
             for old in [s for s in self._hot if s.policy_id == sid.policy_id]:
                 del self._hot[old]
             pushed = self._hot.setdefault(sid, pushed)
-        if reads:  # mapped as soon as Ray has it, on Ray's thread (the follower's may be waiting on its doorbell)
-            ref.future().add_done_callback(functools.partial(self._mapped, sid, pushed))
+        # mapped as soon as Ray has it, on Ray's thread (the follower's may be waiting on its doorbell)
+        ref.future().add_done_callback(functools.partial(self._mapped, sid, pushed))
 
     def _mapped(self, sid: SnapshotId, pushed: Pushed, future: concurrent.futures.Future) -> None:
         """``pushed`` arrived (``future`` holds what ``ray.get`` returns): map it for the read path."""
