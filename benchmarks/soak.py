@@ -8,9 +8,10 @@ the catalog actor (as any driver can). An operation is one publish or one delete
 Rows: one ``sample`` every --sample-ops operations (operations so far, seconds, the PSS of the catalog actor's and
 of the store actor's process in MiB, the durable tier's commit markers, data objects and tombstones, the spill
 folder's files), then one ``growth`` row: the least-squares slope per 1,000 operations of each, over the samples
-after the first quarter of the run (start-up and warm caches excluded). Live snapshots stay constant
-(--policies x --keep), so a flat run has slopes near 0; the durable tier keeps one tombstone per deleted version
-(``durable_tombstones_per_1000_ops`` about 500 when half the operations are deletes).
+after the first quarter of the run (start-up and warm caches excluded). Before each sample the catalog folds the
+durable tier's tombstones into one floor per policy (``compact_tombstones``; --no-compact: never, and the tier
+keeps one tombstone per deleted version, about 500 per 1,000 operations). Live snapshots stay constant
+(--policies x --keep), so a flat run has slopes near 0.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ def _pid_of(actor: Any) -> int:
 
 
 def _durable_counts(root: Path) -> dict[str, int]:
-    counts = {"durable_markers": 0, "durable_data": 0, "durable_tombstones": 0}
+    counts = {"durable_markers": 0, "durable_data": 0, "durable_tombstones": 0, "durable_floors": 0}
     for path in root.rglob("*"):
         if path.name.endswith(".commit.json"):
             counts["durable_markers"] += 1
         elif path.name.endswith(".deleted.json"):
             counts["durable_tombstones"] += 1
+        elif path.name.endswith(".floor"):
+            counts["durable_floors"] += 1
         elif path.name.endswith(".safetensors"):
             counts["durable_data"] += 1
     return counts
@@ -86,6 +89,8 @@ def churn(args: Any, spill: Path, results: harness.Results) -> list[dict[str, An
                 deletes += 1
                 ops += 1
             if ops // args.sample_ops > len(rows):
+                if not args.no_compact:  # the catalog folds the tombstones below what is live into a floor
+                    ray.get(catalog.compact_tombstones.remote(), timeout=120)
                 rows.append(results.emit(_sample(ops, time.monotonic() - started, pids, durable, spill / "spill")))
     return rows
 
@@ -129,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--durable-every", type=int, default=5, help="one publish in this many is durable")
     parser.add_argument("--tensor-kib", type=int, default=64, help="snapshot size")
     parser.add_argument("--sample-ops", type=int, default=1000, help="operations between two samples")
+    parser.add_argument("--no-compact", action="store_true",
+                        help="never fold the durable tier's tombstones (CatalogServer.compact_tombstones)")
     args = parser.parse_args(argv)
     if args.quick:
         args.minutes, args.sample_ops = 0.3, 50

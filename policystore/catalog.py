@@ -499,6 +499,20 @@ class CatalogServer:
             self._tombstones.remove_later([e.id for e in removed])
         return removed
 
+    @_counted
+    def compact_tombstones(self) -> dict[str, int]:
+        """Fold the durable tier's tombstones into one floor per policy (the tier keeps a file per deleted version
+        otherwise): the floor is just below the policy's oldest version still committed or being published (every
+        version of a policy with none), so nothing live is ever below it. Returns the objects removed per policy;
+        a no-op without a durable tier."""
+        if self._tombstones is None:
+            return {}
+        with self._lock:
+            rows = self._db.execute("SELECT pid, min(CASE WHEN state IN (?, ?) THEN version END), max(version) FROM "
+                                    "snapshots GROUP BY pid", (COMMITTED, RESERVED)).fetchall()
+        floors = {pid: (oldest_live - 1 if oldest_live is not None else newest) for pid, oldest_live, newest in rows}
+        return self._tombstones.compact({pid: floor for pid, floor in floors.items() if floor > 0})
+
     # ---- watch ---------------------------------------------------------------------------------------------
     @_counted  # outermost: Ray may look through the wrapper to the function, which must carry the group too
     @ray.method(concurrency_group=WATCH_GROUP)

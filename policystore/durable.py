@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 DATA_SUFFIX = ".safetensors"
 MARKER_SUFFIX = ".commit.json"
 TOMBSTONE_SUFFIX = ".deleted.json"
+FLOOR_SUFFIX = ".floor"  # <version>.floor: every version up to it is deleted (tombstones folded by ``compact``)
 LAYOUT = 1  # marker format version
 _TMP_PREFIX = ".tmp-"
 # Filesystems with an atomic rename get the marker through a temp name, so no reader ever sees a partial one;
@@ -248,10 +249,41 @@ class DurableTier:
 
     # ---- reading -------------------------------------------------------------------------------------------
     def deleted(self, sid: SnapshotId) -> bool:
-        """Whether ``sid`` has a tombstone here (it was deleted, and is never served or written again)."""
+        """Whether ``sid`` has a tombstone here or lies at or below its policy's floor (it was deleted, and is
+        never served or written again)."""
         path = self._path(sid, TOMBSTONE_SUFFIX)
-        return _io(lambda: self.fs.get_file_info(path),
-                   f"check whether {sid} was deleted ({path})").type == pafs.FileType.File
+        if _io(lambda: self.fs.get_file_info(path),
+               f"check whether {sid} was deleted ({path})").type == pafs.FileType.File:
+            return True
+        return sid.version <= self.floor(sid.policy_id)
+
+    def floor(self, policy_id: str) -> int:
+        """The policy's floor: every version up to it is deleted (0: none)."""
+        folder = self._folder(policy_id)
+        infos = _io(lambda: self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)), f"list {folder}")
+        return max((parse_name(i.base_name, FLOOR_SUFFIX) or 0 for i in infos if i.type == pafs.FileType.File),
+                   default=0)
+
+    def compact(self, policy_id: str, floor: int) -> int:
+        """Fold every tombstone of ``policy_id`` up to ``floor`` into one floor object, and remove what lies below
+        it (tombstones, leftover markers and data objects, older floors); returns how many objects went.
+
+        The caller (the catalog) guarantees that no version up to ``floor`` is live or being published: they are
+        all deleted or aborted, so each stays deleted for every reader, writer and rebuilt catalog."""
+        check_version(floor)
+        if floor <= self.floor(policy_id):
+            return 0
+        folder = self._folder(policy_id)
+        kept = version_name(floor, FLOOR_SUFFIX)
+        _io(lambda: self._put_small(posixpath.join(folder, kept), json.dumps(
+            {"policy_id": policy_id, "floor": floor, "compacted": time.time()}).encode()), f"write {folder}/{kept}")
+        removed = 0
+        for info in _io(lambda: self.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)),
+                        f"list {folder}"):
+            parsed = split_name(info.base_name)  # every object of a version starts with it: tombstones, markers, ...
+            if parsed is not None and parsed[0] <= floor and info.base_name != kept and self._delete_quietly(info.path):
+                removed += 1
+        return removed
 
     def read(self, sid: SnapshotId, expect: Expected | None = None) -> np.ndarray:
         """The committed snapshot's bytes, verified against its marker (and ``expect``, the catalog's record).
@@ -325,21 +357,26 @@ class DurableTier:
         return False
 
     def committed_ids(self) -> set[SnapshotId]:
-        """The snapshots with a commit marker and no tombstone, from one listing (no marker is read)."""
-        marked, deleted = self._listing()
-        return marked - deleted
+        """The snapshots with a commit marker, no tombstone and above their policy's floor, from one listing (no
+        marker is read)."""
+        marked, deleted, floors = self._listing()
+        return {sid for sid in marked - deleted if sid.version > floors.get(sid.policy_id, 0)}
 
     def deleted_ids(self) -> set[SnapshotId]:
-        """The snapshots with a tombstone: deleted, their numbers used (a catalog rebuilt from the URI must number
-        new versions past them, or their uploads would be refused)."""
-        return self._listing()[1]
+        """The snapshots with a tombstone, and each policy's floor as an id: deleted, their numbers used (a
+        catalog rebuilt from the URI must number new versions past them, or their uploads would be refused)."""
+        _, deleted, floors = self._listing()
+        return deleted | {SnapshotId(pid, floor) for pid, floor in floors.items()}
 
-    def _listing(self) -> tuple[set[SnapshotId], set[SnapshotId]]:
-        """(snapshots with a marker, snapshots with a tombstone), from one listing."""
+    def _listing(self) -> tuple[set[SnapshotId], set[SnapshotId], dict[str, int]]:
+        """(snapshots with a marker, snapshots with a tombstone, each policy's floor), from one listing."""
         selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
         infos = _io(lambda: self.fs.get_file_info(selector), f"list {self.uri}")
+        floors: dict[str, int] = {}
+        for sid in (sid for info in infos if (sid := self._marker_id(info, FLOOR_SUFFIX)) is not None):
+            floors[sid.policy_id] = max(floors.get(sid.policy_id, 0), sid.version)
         return ({sid for info in infos if (sid := self._marker_id(info)) is not None},
-                {sid for info in infos if (sid := self._marker_id(info, TOMBSTONE_SUFFIX)) is not None})
+                {sid for info in infos if (sid := self._marker_id(info, TOMBSTONE_SUFFIX)) is not None}, floors)
 
     def _marker_id(self, info: pafs.FileInfo, suffix: str = MARKER_SUFFIX) -> SnapshotId | None:
         """The snapshot a listed object is the marker (or, by ``suffix``, the tombstone) of, if it is one (in a

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from .durable import MARKER_SUFFIX, TOMBSTONE_SUFFIX, Commit, marker_version
+from .durable import FLOOR_SUFFIX, MARKER_SUFFIX, TOMBSTONE_SUFFIX, Commit, marker_version
 from .errors import CorruptSnapshotError, UnknownPolicyError, UnknownVersionError
 from .format import Expected, Header
 from .ids import SnapshotId, check_policy_id, check_version
@@ -194,12 +194,17 @@ class FolderReader:
 
 
 def _markers(found: Survey) -> list[tuple[SnapshotId, Path]]:
-    """Durable commit markers among the files the spill survey left alone, less those of deleted snapshots."""
+    """Durable commit markers among the files the spill survey left alone, less those of deleted snapshots (a
+    tombstone, or at or below their policy's floor)."""
     def named(suffix: str) -> dict[SnapshotId, Path]:
         return {SnapshotId(p.parent.name, v): p for p in found.others if (v := marker_version(p.name, suffix))}
 
     deleted = named(TOMBSTONE_SUFFIX)
-    return [(sid, path) for sid, path in named(MARKER_SUFFIX).items() if sid not in deleted]
+    floors: dict[str, int] = {}
+    for sid in named(FLOOR_SUFFIX):
+        floors[sid.policy_id] = max(floors.get(sid.policy_id, 0), sid.version)
+    return [(sid, path) for sid, path in named(MARKER_SUFFIX).items()
+            if sid not in deleted and sid.version > floors.get(sid.policy_id, 0)]
 
 
 def _info(sid: SnapshotId, file: SpillFile, header: Header) -> FileInfo:

@@ -53,6 +53,19 @@ class Tombstones:
                                    f"{', '.join(map(str, sids[:5]))}{' ...' if len(sids) > 5 else ''}: nothing was "
                                    "deleted (deletes leave a tombstone in the durable tier before they are done)")
 
+    def compact(self, floors: dict[str, int]) -> dict[str, int]:
+        """Fold each policy's tombstones up to its floor (``DurableTier.compact``); objects removed per policy, or
+        DurableTierError naming the tier (within ``timeout_s``)."""
+        tier = self._open()
+        futures = {pid: self._pool.submit(tier.compact, pid, floor) for pid, floor in floors.items()}
+        done, late = wait_all(futures.values(), timeout=self.timeout_s)
+        failed = [f.exception() for f in done if f.exception() is not None]
+        if late or failed:
+            raise DurableTierError(f"durable tier {tier.uri} "
+                                   f"{'did not answer in time' if late else f'failed: {failed[0]}'} while compacting "
+                                   "its tombstones (nothing is lost: they stay until the next try)")
+        return {pid: future.result() for pid, future in futures.items()}
+
     def remove_later(self, sids: Sequence[SnapshotId]) -> None:
         """Remove the markers and data objects of deleted snapshots in the background (best effort)."""
         for sid in sids:

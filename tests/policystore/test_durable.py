@@ -611,3 +611,44 @@ def test_a_local_durable_folder_is_private_like_the_spill_tier(tmp_path):
     assert {"commit", "deleted"} <= kinds and any(p.suffix == ".safetensors" for p in paths)
     for path in paths:
         assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
+
+
+def test_tombstones_fold_into_a_floor_that_keeps_every_delete_in_force(tmp_path):
+    root = tmp_path / "durable"
+    tier = DurableTier.open(str(root))
+    bufs = {v: _snapshot("p", seed=v) for v in range(1, 6)}
+    for v, buf in bufs.items():
+        _write(tier, SnapshotId("p", v), buf)
+    for v in (1, 2, 3):
+        tier.remove(SnapshotId("p", v))
+    assert tier.compact("p", 3) == 3 and tier.compact("p", 2) == 0  # three tombstones gone; a floor never lowers
+    names = {p.name for p in (root / "p").iterdir()}
+    assert {n for n in names if not n.endswith(".safetensors")} == {"0000000003.floor", "0000000004.commit.json",
+                                                                     "0000000005.commit.json"}
+    assert sorted(n[:10] for n in names if n.endswith(".safetensors")) == ["0000000004", "0000000005"]
+    assert tier.committed_ids() == {SnapshotId("p", 4), SnapshotId("p", 5)} and tier.floor("p") == 3
+    assert tier.deleted(SnapshotId("p", 2)) and not tier.deleted(SnapshotId("p", 4))
+    with pytest.raises(DurableTierError, match="deleted"):  # a late upload of a deleted version is refused
+        _write(tier, SnapshotId("p", 2), bufs[2])
+    entries, skipped, deleted = survey(str(root))  # what a rebuilt catalog learns: counters move past the floor
+    assert [sid for sid, _ in entries] == [SnapshotId("p", 4), SnapshotId("p", 5)] and SnapshotId("p", 3) in deleted
+    with policystore.open_folder(root) as folder:
+        assert [i.id.version for i in folder.list("p")] == [4, 5]
+
+
+def test_the_catalog_folds_tombstones_only_below_what_is_live(make_store, tmp_path):
+    uri = str(tmp_path / "durable")
+    store = make_store(durable_uri=uri)
+    for v in range(1, 7):
+        store.publish("f", _weights(v), durable=True)
+    for v in (1, 2, 4):
+        store.delete("f", v)
+    catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
+    assert ray.get(catalog.compact_tombstones.remote(), timeout=60) == {"f": 2}  # v3 is live: the floor stays at 2
+    tier = DurableTier.open(uri)
+    assert tier.floor("f") == 2 and tier.deleted_ids() == {SnapshotId("f", 2), SnapshotId("f", 4)}
+    assert tier.committed_ids() == {SnapshotId("f", v) for v in (3, 5, 6)}
+    rebuilt = CatalogServer(str(tmp_path / "rebuilt.sqlite3"), StoreConfig(), seed=functools.partial(survey, uri))
+    assert [e.id.version for e in rebuilt.list()] == [3, 5, 6]
+    rebuilt.close()
+    assert [r.id.version for r in store.list("f")] == [3, 5, 6]
