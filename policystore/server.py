@@ -532,7 +532,8 @@ class StoreServer:
         if at_risk:
             names = ", ".join(str(sid) for sid, _ in at_risk[:20]) + (" ..." if len(at_risk) > 20 else "")
             raise SpillFailedError(
-                f"{len(at_risk)} acknowledged snapshots are only in memory, a store restart would lose them: {names} "
+                f"{len(at_risk)} acknowledged snapshots are on no disk and not in the durable tier, a store restart "
+                f"would lose them: {names} "
                 f"(their spill to {self.disk.root} failed: {at_risk[-1][1].spill_error}); retrying every "
                 f"{_GAUGE_INTERVAL_S:g} s until they land or are deleted")
 
