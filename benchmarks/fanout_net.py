@@ -9,8 +9,9 @@ Per snapshot size and round, in one run, one row per way:
               node ends with its own copy, checked (``verified``: every node's ``verify`` found its hot copy good)
 Columns: total_s (until every node has it), node_p50_s / node_max_s, x_one_link (total_s over the one_link row
 of the same size and round), x_ray_get (over the ray_get row), sent_mib_max / recv_mib_max (the busiest node's
-bytes on its link during that way's transfer, from the namespace's eth0 counters) and, in ``bytes`` rows, every
-node's sent and received MiB.
+bytes on its link during that way's transfer, from the namespace's eth0 counters: TCP retransmissions count) and,
+in ``bytes`` rows, every node's sent and received MiB; for the store also what each node's relay sent
+(``relay_sent_mib``, the payload alone) and how often its fetch left a source for another (``resumed``).
 
 Needs root with CAP_NET_ADMIN (see ``benchmarks.netbed``); --quick: 3 nodes, 4 MiB, 200 Mbit/s, one round.
 """
@@ -84,7 +85,7 @@ def drive(args) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     import policystore
-    from policystore.config import StoreConfig
+    from policystore.config import NAMESPACE, StoreConfig, store_name
 
     results = harness.Results("fanout_net", args, {})
     ray.init(address=os.environ["NETBED_ADDRESS"], logging_level=logging.WARNING, log_to_driver=False)
@@ -96,6 +97,13 @@ def drive(args) -> None:
 
         def on(node: str):
             return Probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+
+        relays = [ray.get_actor(store_name(n), namespace=NAMESPACE) for n in [head, *others]]
+
+        def relayed() -> list[tuple[int, int]]:
+            """Per node: the bytes its relay sent, the sources its fetches left for another."""
+            return ray.get([r.__ray_call__.remote(lambda self: (self.relay.sent_bytes, self.relay.resumed))
+                            for r in relays])
 
         source, readers = on(head), [on(n) for n in others]
         probes = [source, *readers]
@@ -112,6 +120,7 @@ def drive(args) -> None:
                 rows: dict[str, dict[str, Any]] = {}
                 for way in WAYS:
                     before = ray.get([p.link_bytes.remote() for p in probes])
+                    relayed_before = relayed()
                     verified = None
                     if way == "policystore":
                         version = ray.get(source.publish.remote(f"fanout_{mib}", nbytes, round_))
@@ -134,8 +143,14 @@ def drive(args) -> None:
                                  "snapshot_mib": mib, "round": round_, "total_s": total, "floor_s": floor,
                                  "node_p50_s": statistics.median(per_node), "node_max_s": max(per_node),
                                  "sent_mib_max": max(sent), "recv_mib_max": max(recv), "verified": verified}
+                    # the relays' own count (no retransmissions) and how often a fetch left its source
+                    relays_now = relayed()
+                    relay_mib = [round((a[0] - b[0]) / MiB, 1) for a, b in zip(relays_now, relayed_before, strict=True)]
+                    resumed = [a[1] - b[1] for a, b in zip(relays_now, relayed_before, strict=True)]
                     results.emit({"row": "bytes", "way": way, "snapshot_mib": mib, "round": round_,
-                                  "sent_mib": [round(s, 1) for s in sent], "recv_mib": [round(r, 1) for r in recv]})
+                                  "sent_mib": [round(s, 1) for s in sent], "recv_mib": [round(r, 1) for r in recv],
+                                  **({"relay_sent_mib": relay_mib, "resumed": resumed} if way == "policystore"
+                                     else {})})
                     if way == "policystore":
                         stores[head].delete(f"fanout_{mib}", version)  # its memory and disk back for the next round
                 for row in rows.values():

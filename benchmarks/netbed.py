@@ -76,6 +76,7 @@ class Testbed:
     rate_mbit: float
     object_store_mib: int = 256
     num_cpus: float = 1
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every node and driver (Ray's settings)
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:4])
     temp_dir: Path | None = None
     _built: list[str] = field(default_factory=list)  # namespaces made, in order
@@ -135,7 +136,7 @@ class Testbed:
     def env(self) -> dict[str, str]:
         """The environment of every process of the testbed (its nodes, its drivers)."""
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        return {**os.environ, **RAY_ENV, "PYTHONPATH": path}
+        return {**os.environ, **RAY_ENV, **self.extra_env, "PYTHONPATH": path}
 
     def _ray(self) -> None:
         ray = str(Path(sys.executable).with_name("ray"))
@@ -149,10 +150,12 @@ class Testbed:
             if done.returncode != 0:
                 raise RuntimeError(f"ray start on node {i} ({ns}) failed: {done.stderr.strip()[-2000:]}")
 
-    def popen(self, argv: Sequence[str], node: int = 0, **kwargs) -> subprocess.Popen:
+    def popen(self, argv: Sequence[str], node: int = 0, env_extra: dict[str, str] | None = None,
+              **kwargs) -> subprocess.Popen:
         """Start ``argv`` (a driver) inside node ``node``'s namespace, with the testbed's environment,
         ``NETBED_ADDRESS`` (the cluster's address) and ``NETBED_TEMP_DIR`` (its folder, removed with it)."""
-        env = {**self.env(), "NETBED_ADDRESS": self.address, "NETBED_TEMP_DIR": str(self.temp_dir)}
+        env = {**self.env(), "NETBED_ADDRESS": self.address, "NETBED_TEMP_DIR": str(self.temp_dir),
+               **(env_extra or {})}
         return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *argv], env=env, cwd=ROOT, **kwargs)
 
     def link(self, node: int, up: bool) -> None:

@@ -128,6 +128,7 @@ class Relay:
         self._routes: dict[SnapshotId, _Routes] = {}
         self.sent_bytes = 0
         self.served = 0  # downstream streams this store completed
+        self.resumed = 0  # sources this store's fetches left mid-way (or found without a copy) for another
         self._listener = socket.create_server((host, 0), backlog=256)
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         threading.Thread(target=self._accept, name="policystore-relay", daemon=True).start()
@@ -190,6 +191,7 @@ class Relay:
                     return landing.buf
                 except Exception as exc:  # dead, stalled, no copy: the next holder, from the same offset
                     problems.append(f"node {node}: {type(exc).__name__}: {brief(exc)}")
+                    self.resumed += 1
                     log.info("fetching %s from node %s failed at byte %d (%s); trying another source", sid, node,
                              landing.filled, problems[-1])
             landing.fail(f"no holder of {sid} could send it: {'; '.join(problems)}")
