@@ -19,12 +19,10 @@ Needs root with CAP_NET_ADMIN (see ``benchmarks.netbed``); --quick: 3 nodes, 4 M
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,15 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         inner = [sys.executable, "-m", "benchmarks.fanout_net", "--inside", "--out", str(bed.temp_dir / "inner"),
                  "--nodes", str(args.nodes), "--rate-mbit", str(args.rate_mbit),
                  "--sizes-mib", ",".join(map(str, args.sizes_mib)), "--rounds", str(args.rounds)]
-        with bed.popen(inner, stdout=subprocess.PIPE, text=True) as driver:
-            for line in driver.stdout:
-                if line.startswith("{"):
-                    row = json.loads(line)
-                    row.pop("benchmark", None)
-                    row.pop("loadavg_1m", None)
-                    results.emit(row)
-        if driver.returncode:
-            sys.exit(f"fanout_net: the driver in the testbed failed ({driver.returncode}); see its log above")
+        for row in bed.drive(inner):
+            results.emit(row)
     results.finish(["way", "nodes", "rate_mbit", "snapshot_mib", "round", "total_s", "floor_s", "x_one_link",
                     "x_ray_get", "sent_mib_max", "recv_mib_max", "verified", "loadavg_1m"])
 

@@ -16,6 +16,7 @@ The scenarios are ``benchmarks.fanout_net`` (and its ``--quick`` smoke run in th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -24,13 +25,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from policystore.memory import MiB
 
 ROOT = Path(__file__).resolve().parents[1]
+START_ATTEMPTS = 3
 PORT = 6379  # every node has its own namespace, so the same port never collides
 # The /24 every testbed uses: private and unrouted (the bridge has no address in the root namespace).
 SUBNET = "10.213.41"
@@ -145,10 +147,16 @@ class Testbed:
         for i, ns in enumerate(self.namespaces):
             head = ["--head", f"--port={PORT}", "--include-dashboard=false"]
             role = head if i == 0 else [f"--address={self.address}"]
-            done = subprocess.run(["ip", "netns", "exec", ns, ray, "start", *role, f"--node-ip-address={self.ip(i)}",
-                                   *common], env=self.env(), capture_output=True, text=True, timeout=180)
-            if done.returncode != 0:
-                raise RuntimeError(f"ray start on node {i} ({ns}) failed: {done.stderr.strip()[-2000:]}")
+            for attempt in range(START_ATTEMPTS):  # a loaded head's GCS can miss a joining node's deadline
+                done = subprocess.run(["ip", "netns", "exec", ns, ray, "start", *role,
+                                       f"--node-ip-address={self.ip(i)}", *common],
+                                      env=self.env(), capture_output=True, text=True, timeout=180)
+                if done.returncode == 0:
+                    break
+                self._kill(ns)
+                if attempt == START_ATTEMPTS - 1:
+                    raise RuntimeError(f"ray start on node {i} ({ns}) failed {START_ATTEMPTS} times, last: "
+                                       f"{done.stderr.strip()[-2000:]}")
 
     def popen(self, argv: Sequence[str], node: int = 0, env_extra: dict[str, str] | None = None,
               **kwargs) -> subprocess.Popen:
@@ -157,6 +165,24 @@ class Testbed:
         env = {**self.env(), "NETBED_ADDRESS": self.address, "NETBED_TEMP_DIR": str(self.temp_dir),
                **(env_extra or {})}
         return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *argv], env=env, cwd=ROOT, **kwargs)
+
+    def drive(self, argv: Sequence[str], env_extra: dict[str, str] | None = None) -> Iterator[dict]:
+        """Run a scenario's driver (``argv``) in the head's namespace and yield the JSON rows it prints; the
+        driver is ended if the caller stops early (an error, Ctrl-C, SIGTERM), before the testbed goes."""
+        driver = self.popen(argv, env_extra=env_extra, stdout=subprocess.PIPE, text=True)
+        try:
+            for line in driver.stdout:
+                if line.startswith("{"):
+                    row = json.loads(line)
+                    row.pop("benchmark", None)
+                    row.pop("loadavg_1m", None)  # the caller's Results adds its own
+                    yield row
+            if driver.wait():
+                raise RuntimeError(f"the driver in the testbed failed ({driver.returncode}); see its log above")
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
 
     def link(self, node: int, up: bool) -> None:
         """Cut node ``node`` off the network (or bring it back): its ``eth0`` down or up."""
@@ -219,7 +245,6 @@ def main(argv: list[str] | None = None) -> None:
     """``--check``: print why no testbed can be built here (exit 3), or nothing; ``--leftovers TAG``: print what a
     testbed with that tag left behind, as a JSON list (for tests, which import no benchmark module)."""
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.netbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

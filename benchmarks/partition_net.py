@@ -24,7 +24,6 @@ partitions must do the same. Needs root with CAP_NET_ADMIN; --quick: 5 s cuts.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import subprocess
@@ -68,16 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     with Testbed(4, args.rate_mbit, object_store_mib=512, extra_env=checks, **extra) as bed:
         inner = [sys.executable, "-m", "benchmarks.partition_net", "--inside", "--out", str(bed.temp_dir / "inner"),
                  "--cut-s", str(args.cut_s), "--scenarios", args.scenarios]
-        env = {"NETBED_NAMESPACES": ",".join(bed.namespaces)}
-        with bed.popen(inner, env_extra=env, stdout=subprocess.PIPE, text=True) as driver:
-            for line in driver.stdout:
-                if line.startswith("{"):
-                    row = json.loads(line)
-                    row.pop("benchmark", None)
-                    row.pop("loadavg_1m", None)
-                    results.emit(row)
-        if driver.returncode:
-            sys.exit(f"partition_net: the driver in the testbed failed ({driver.returncode}); see its log above")
+        for row in bed.drive(inner, env_extra={"NETBED_NAMESPACES": ",".join(bed.namespaces)}):
+            results.emit(row)
     results.finish(["scenario", "cut_s", "reads_ok", "reads_failed", "fail_s", "deadline_s", "errors", "caught_up_s",
                     "acked", "listed", "lost", "reused", "ok", "loadavg_1m"])
 
@@ -103,7 +94,8 @@ def drive(args) -> None:
         # node i is the one in namespace i (address .i+1): the links to cut are those namespaces'
         alive = [n for n in ray.nodes() if n["Alive"]]
         order = [n["NodeID"] for n in sorted(alive, key=lambda n: int(n["NodeManagerAddress"].rsplit(".", 1)[1]))]
-        on = [Player.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(config)
+        on = [Player.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False),
+                             max_concurrency=4).remote(config)  # a reader plays while another call probes
               for n in order]
         ray.get([p.ready.remote() for p in on])
         acked: list[int] = []
