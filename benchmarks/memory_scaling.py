@@ -38,7 +38,7 @@ import torch
 
 import policystore
 from policystore import memory
-from policystore.config import CATALOG_NAME, NAMESPACE, store_name
+from policystore.remote import CATALOG_NAME, NAMESPACE, store_name
 
 from . import harness
 from .harness import MiB

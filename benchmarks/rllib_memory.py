@@ -142,7 +142,7 @@ def actor_pid(name: str) -> int | None:
     """The pid of the named policystore actor (None if it is not running)."""
     import ray
 
-    from policystore.config import NAMESPACE
+    from policystore.remote import NAMESPACE
 
     try:
         actor = ray.get_actor(name, namespace=NAMESPACE)

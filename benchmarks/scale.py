@@ -46,7 +46,8 @@ import psutil
 import ray
 
 from policystore.catalog import CONCURRENCY_GROUPS, CatalogServer
-from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
+from policystore.config import StoreConfig
+from policystore.remote import CATALOG_NAME, NAMESPACE, store_name
 from policystore.transfer import FANOUT
 from policystore.wire import Summary
 

@@ -32,7 +32,7 @@ import psutil
 import ray
 
 import policystore
-from policystore.config import NAMESPACE, catalog_name, store_name
+from policystore.remote import NAMESPACE, catalog_name, store_name
 
 from . import harness
 from .harness import MiB

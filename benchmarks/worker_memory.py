@@ -98,8 +98,8 @@ def push_and_measure(learner: Any, workers: list, store: policystore.PolicyStore
 def run_league(results: harness.Results, spec: NetSpec, size_mib: int, hot: int, readers: int, k: int,
                args: Any) -> None:
     """HOT snapshots hot on the node, READERS processes that each open K of them."""
-    from policystore.config import NAMESPACE, store_name
     from policystore.memory import pss_bytes, session_processes
+    from policystore.remote import NAMESPACE, store_name
 
     capacity = int(hot * (spec.nbytes + 64 * KiB) * 1.1) + 64 * MiB
     with harness.ray_session(capacity + 256 * MiB) as spill_dir:

@@ -49,9 +49,9 @@ from typing import Any
 
 import ray
 
-from . import catalogdb
+from . import catalogdb, remote
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
-from .config import DEFAULT_LEAGUE, WATCH_GROUP, StoreConfig, catalog_name, running, store_name
+from .config import DEFAULT_LEAGUE, StoreConfig
 from .errors import (
     InvalidMetaError,
     InvalidOptionError,
@@ -64,6 +64,7 @@ from .errors import (
 )
 from .format import check_meta
 from .ids import SnapshotId, check_policy_id, check_version
+from .remote import WATCH_GROUP, catalog_name, store_name
 from .tombstones import Tombstones
 from .watch import Bell, node_doorbell
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Ring, Summary
@@ -537,9 +538,9 @@ class CatalogServer:
             time.sleep(self.config.poll_s / 2)
             with self._lock:
                 self._beats += 1
-                taken = self._bell.actor.ring.remote(self._bell.channel, Ring(self._seq, self._beats, self._epoch))
+                taken = self._bell.ring(Ring(self._seq, self._beats, self._epoch))
             try:
-                ray.get(taken, timeout=self.config.call_timeout_s)
+                remote.get(taken, self.config.call_timeout_s, "the catalog's doorbell", "ring")
             except Exception as exc:  # the doorbell restarting: the stores call the catalog meanwhile
                 log.warning("catalog: a beat was not taken (%s)", type(exc).__name__)
 
@@ -816,14 +817,14 @@ def ask_stores(league: str, timeout_s: float = REBUILD_WAIT_S) -> tuple[list[Hol
     catalog)."""
     calls: dict[ray.ObjectRef, str] = {}
     for node in ray.nodes():
-        store = running(store_name(node["NodeID"], league)) if node.get("Alive") else None
+        store = remote.running(store_name(node["NodeID"], league)) if node.get("Alive") else None
         if store is not None:  # else no store on that node
-            calls[store.holdings.remote()] = node["NodeID"]
+            calls[remote.send(store, "holdings")] = node["NodeID"]
     ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=timeout_s) if calls else ([], [])
     reports, problems = [], [f"the store on node {calls[ref]} did not report within {timeout_s:.0f} s" for ref in late]
     for ref in ready:
         try:
-            reports.append(ray.get(ref))
+            reports.append(remote.get(ref, 0, f"the store on node {calls[ref]}", "holdings"))
         except Exception as exc:
             problems.append(f"the store on node {calls[ref]} could not report: {type(exc).__name__}: "
                             f"{brief(exc)}")

@@ -19,34 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
-from ray._common.constants import HEAD_NODE_RESOURCE_NAME
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from . import errors
-from .catalog import CatalogServer, ask_stores
-from .config import (
-    DEFAULT_LEAGUE,
-    WATCH_GROUP,
-    StoreConfig,
-    catalog_name,
-    check_league,
-    detached,
-    running,
-    store_name,
-)
-from .deadline import wait
+from . import remote
+from .config import DEFAULT_LEAGUE, StoreConfig, check_durable, check_league
 from .errors import (
     ConfigError,
     CorruptSnapshotError,
     DeadlineExceededError,
-    PolicyStoreError,
     StoreUnavailableError,
     UnknownVersionError,
 )
 from .format import pack
+from .hot import check_fits
 from .ids import SnapshotId, check_policy_id, check_version
 from .protect import follow_generation, open_shared
-from .server import StoreServer, check_durable, check_fits
+from .remote import catalog_name, store_name
 from .session import Session, clear_cache, current_session, ensure_ray, session_key
 from .staging import StagingFile
 from .watch import Pushed, PushState, current_ray_session
@@ -66,23 +53,6 @@ follow_generation(current_ray_session)
 # A store that dies is restarted by Ray and rebuilds from disk; reads retry across that for this long. It is also
 # what a handle allows a store it just created for its start (a process and torch's import: seconds on a busy node).
 RETRY_TIMEOUT_S = 60.0
-_RESTARTING = (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError)
-_OBJECT_GONE = (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError, ray.exceptions.ObjectFetchTimedOutError)
-# A snapshot's object is on this node (the store holds it), so its ray.get is a local map. One that has not answered
-# within call_timeout_s never will (seen: a pushed ref whose get waited forever): drop that ref and ask the store.
-_NOT_ARRIVED = (*_OBJECT_GONE, ray.exceptions.GetTimeoutError)
-
-
-@functools.cache
-def _actor_class(cls: type, watchers: int) -> Any:
-    """``cls`` as a Ray actor class whose ``watch`` calls run in their own group of ``watchers`` threads (followers
-    wait on a doorbell actor, not on these threads)."""
-    return ray.remote(concurrency_groups={WATCH_GROUP: watchers})(cls)
-
-
-def _detached(cls: type, watchers: int, name: str, **options: Any) -> Any:
-    """The named actor ``name`` of ``cls`` (``config.detached``: found if it runs, else created detached)."""
-    return _actor_class(cls, watchers).options(**detached(name), **options)
 
 
 # the namespace Ray gives a job that names none: a random UUID
@@ -154,44 +124,26 @@ def connect_all(config: StoreConfig | None = None, *, league: str | None = None)
 
 def _catalog_actor(config: StoreConfig) -> ray.actor.ActorHandle:
     """The league's catalog: found by name, or created with ``config`` as the league's store settings."""
-    session = ray.get_runtime_context().get_session_name()
-    return _detached(
-        CatalogServer, config.max_watchers, catalog_name(config.league), max_concurrency=8,
-        # On the head node, with the GCS, whoever starts it and wherever it restarts: on a worker node, that node's
-        # loss would stall every publish and "latest" lookup until the GCS declares the node dead (~15-30 s).
-        resources={HEAD_NODE_RESOURCE_NAME: 0.001},
-        scheduling_strategy="DEFAULT",  # never the caller's placement group (a Tune trial's captures its children)
-    ).remote(config.catalog_db(session), config, seed=_durable_seed(config),
-               holdings=functools.partial(ask_stores, config.league))
+    found = remote.running(catalog_name(config.league))
+    if found is not None:
+        return found
+    from . import launch  # only when one is missing: a reader never loads the catalog's code
 
-
-def _catalog_handle(league: str) -> ray.actor.ActorHandle:
-    """The running catalog of ``league`` (StoreUnavailableError if it is gone: its start failed, or it was stopped)."""
-    catalog = running(catalog_name(league))
-    if catalog is None:
-        raise StoreUnavailableError(f"the catalog of league {league!r} is not running (its start failed, or it was "
-                                    "stopped; its log says why)")
-    return catalog
-
-
-def _durable_seed(config: StoreConfig) -> Callable[[], tuple[list, list[str], list[SnapshotId]]] | None:
-    """What a new catalog database adopts: the league committed in the durable tier (None without one)."""
-    if config.durable_uri is None:
-        return None
-    from .durable import survey
-
-    return functools.partial(survey, config.durable_uri)
+    return launch.catalog(config)
 
 
 def _store_actor(node_id: str, config: StoreConfig | None, league: str) -> ray.actor.ActorHandle:
     """The node's store actor of ``league``: found by name, or created (atomically, in Ray's GCS) with ``config``
     (None: the league's settings, kept by its catalog)."""
     catalog = _catalog_actor(config or StoreConfig(league=league))
+    found = remote.running(store_name(node_id, league))
+    if found is not None:
+        return found
     if config is None:
-        config = _call(catalog.store_config, (), StoreConfig().call_timeout_s, f"catalog of league {league!r}")
-    return _detached(StoreServer, config.max_watchers, store_name(node_id, league),
-                     max_concurrency=config.max_concurrency,
-                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(config, node_id)
+        config = remote.call(catalog, "store_config", timeout_s=StoreConfig().call_timeout_s)
+    from . import launch  # only when one is missing: a reader never loads the store's code
+
+    return launch.store(node_id, config)
 
 
 class PolicyStore:
@@ -212,17 +164,17 @@ class PolicyStore:
         if self._local:
             self.node_id = ray.get_runtime_context().get_node_id()
         self._actor = _store_actor(self.node_id, self._asked, self.league)
-        self._catalog = _catalog_handle(self.league)
+        self._catalog = remote.find(catalog_name(self.league))
         starting = max(self.config.call_timeout_s, RETRY_TIMEOUT_S)  # the store may have just been created
-        self.config = self._call(StoreServer.store_config, timeout_s=starting)
-        self._hot_capacity = self._call(StoreServer.stats, timeout_s=starting).hot_capacity_bytes
+        self.config = self._call("store_config", timeout_s=starting)
+        self._hot_capacity = self._call("stats", timeout_s=starting).hot_capacity_bytes
         self._local = self.node_id == ray.get_runtime_context().get_node_id()
         # Same node, same monotonic clock: only a local store's push can be checked for staleness.
         self._follower = self._session.follower(self.node_id, self.config) if self._local else None
 
     def _current(self) -> bool:
         """Whether the node's store is still the actor this handle talks to (not stopped and replaced since)."""
-        return running(store_name(self.node_id, self.league)) == self._actor
+        return remote.running(store_name(self.node_id, self.league)) == self._actor
 
     def _live(self) -> Session:
         session = self._session
@@ -230,27 +182,26 @@ class PolicyStore:
             self._bind()
         return self._session
 
-    def _call(self, method: Callable, *args: Any, on_catalog: bool = False, idempotent: bool = True,
+    def _call(self, method: str, *args: Any, on_catalog: bool = False, idempotent: bool = True,
               timeout_s: float | None = None) -> Any:
-        """Run ``method`` on the store's actor (a CatalogServer method ``on_catalog``: the catalog's) within
-        ``timeout_s`` (default ``config.call_timeout_s``), riding out a restart (Ray restarts it; it rebuilds from
-        disk) for reads. Writes are not retried: whether a publish landed must be visible."""
-        deadline = time.monotonic() + RETRY_TIMEOUT_S
-        while True:
-            actor = self._catalog if on_catalog else self._actor
-            what = (f"catalog of league {self.league!r}" if on_catalog
-                    else f"store of league {self.league!r} on node {self.node_id}")
-            try:
-                return _call(getattr(actor, method.__name__), args, timeout_s or self.config.call_timeout_s, what)
-            except _RESTARTING as exc:
-                if isinstance(exc, ray.exceptions.ActorDiedError):  # stopped for good: find or start its successor
-                    if exc._actor_init_failed:  # it cannot start (bad settings, unusable folder): say why
-                        raise _start_failed(what, exc) from None
-                    self._actor = _store_actor(self.node_id, self.config, self.league)
-                    self._catalog = _catalog_handle(self.league)
-                if not idempotent or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        """Run ``method`` on the store's actor (on the catalog's, ``on_catalog``) within ``timeout_s`` (default
+        ``config.call_timeout_s``), riding out a restart (Ray restarts it; it rebuilds from disk) for reads.
+        Writes are not retried: whether a publish landed must be visible."""
+        return remote.call(self._find_catalog if on_catalog else self._find_store, method, *args,
+                           timeout_s=timeout_s or self.config.call_timeout_s,
+                           retry_s=RETRY_TIMEOUT_S if idempotent else 0.0)
+
+    def _find_store(self, again: bool) -> ray.actor.ActorHandle:
+        """The store's actor; ``again``: it was stopped for good, find or start its successor."""
+        if again:
+            self._actor = _store_actor(self.node_id, self.config, self.league)
+            self._catalog = remote.find(catalog_name(self.league))
+        return self._actor
+
+    def _find_catalog(self, again: bool) -> ray.actor.ActorHandle:
+        if again:
+            self._find_store(True)
+        return self._catalog
 
     # ---- publish -------------------------------------------------------------------------------------------
     def publish(
@@ -282,7 +233,7 @@ class PolicyStore:
         if sid is None:  # another node's store, no /dev/shm, or /dev/shm full: the snapshot travels by value
             alloc = self._sized(policy_id, functools.partial(np.empty, dtype=np.uint8))
             buf = pack(weights, policy_id=policy_id, meta=meta, alloc=alloc)
-            sid = self._call(StoreServer.publish, policy_id, buf, durable, idempotent=False,
+            sid = self._call("publish", policy_id, buf, durable, idempotent=False,
                              timeout_s=self.config.publish_timeout_s(len(buf)))
         if isinstance(sid, HotSnapshot):  # the store handed back its ref: this process reads it with no call
             hot, sid = sid, sid.id
@@ -306,7 +257,7 @@ class PolicyStore:
             return None
         try:
             reads = self._follower is not None and self._follower.reads(policy_id)
-            return self._call(StoreServer.publish_staged, policy_id, str(staging.path), nbytes, durable, reads,
+            return self._call("publish_staged", policy_id, str(staging.path), nbytes, durable, reads,
                               idempotent=False, timeout_s=self.config.publish_timeout_s(nbytes))
         except BaseException:
             session.retire(staging)
@@ -354,9 +305,10 @@ class PolicyStore:
         return self._resolve(session, sid.policy_id, sid.version)
 
     def _map(self, ref: ray.ObjectRef, sid: SnapshotId) -> np.ndarray:
-        """The read-only bytes of a snapshot's object on this node: a local map, so its ``ray.get`` waits at most
-        ``call_timeout_s`` (_NOT_ARRIVED otherwise)."""
-        return open_shared(ray.get(ref, timeout=self.config.call_timeout_s), what=str(sid))
+        """The read-only bytes of a snapshot's object on this node: a local map. One that has not arrived within
+        ``call_timeout_s`` never will (seen: a pushed ref whose get waited forever): DeadlineExceededError, and
+        StoreUnavailableError for an object gone with its store."""
+        return open_shared(remote.get(ref, self.config.call_timeout_s, f"the store's copy of {sid}"), what=str(sid))
 
     def _open_pushed(self, session: Session, sid: SnapshotId, pushed: Pushed) -> Snapshot | None:
         """A snapshot the push handed this process: mapped ahead already, or one ``ray.get`` of its ref; no call to
@@ -368,8 +320,8 @@ class PolicyStore:
             return session.keep(pushed.snapshot)
         try:
             buffer = self._map(pushed.ref, sid)
-        except _NOT_ARRIVED as exc:  # the store restarted (the push will bring its new refs), or the ref is stuck
-            if isinstance(exc, ray.exceptions.GetTimeoutError):
+        except StoreUnavailableError as exc:  # the store restarted (the push brings its new refs), or the ref is stuck
+            if isinstance(exc, DeadlineExceededError):
                 log.warning("policystore: the pushed copy of %s did not arrive within %.0f s; asking the store",
                             sid, self.config.call_timeout_s)
             self._follower.drop(sid)
@@ -383,7 +335,7 @@ class PolicyStore:
 
         deadline = time.monotonic() + RETRY_TIMEOUT_S
         while True:
-            hot: HotSnapshot = self._call(StoreServer.resolve, policy_id, version, timeout_s=self._long_timeout_s())
+            hot: HotSnapshot = self._call("resolve", policy_id, version, timeout_s=self._long_timeout_s())
             sid = hot.id
             floor = session.seen.get(policy_id, 0)
             if version is None and sid.version < floor:  # that store is behind this process: ask for what we saw
@@ -398,12 +350,10 @@ class PolicyStore:
                 return snap
             try:
                 buffer = self._map(hot.refs[0], sid)
-            except _NOT_ARRIVED as exc:  # the store restarted between resolve and get (its old objects died with it)
-                if time.monotonic() > deadline:
-                    stuck = isinstance(exc, ray.exceptions.GetTimeoutError)
-                    error = DeadlineExceededError if stuck else StoreUnavailableError
-                    raise error(f"{sid}: the store's copy did not reach this process within {RETRY_TIMEOUT_S:.0f} s "
-                                f"({type(exc).__name__})") from exc
+            except StoreUnavailableError as exc:  # the store restarted between resolve and get (its old objects
+                if time.monotonic() > deadline:  # died with it)
+                    raise type(exc)(f"{sid}: the store's copy did not reach this process within "
+                                    f"{RETRY_TIMEOUT_S:.0f} s ({type(exc.__cause__).__name__})") from exc
                 continue
             if self._follower is not None:  # from now on its new versions are pushed to this process
                 self._follower.used(sid)
@@ -435,7 +385,7 @@ class PolicyStore:
         session = self._live()
         version = session.latest(policy_id, self._follower)
         if version is None:
-            entry: CatalogEntry = self._call(CatalogServer.lookup, policy_id, on_catalog=True)
+            entry: CatalogEntry = self._call("lookup", policy_id, on_catalog=True)
             session.saw(entry.id)
             version = max(entry.version, session.seen.get(policy_id, 0))
         return version
@@ -457,12 +407,12 @@ class PolicyStore:
         if policy_id is not None:
             check_policy_id(policy_id)
         self._live()
-        return self._call(StoreServer.list, policy_id, limit, after)
+        return self._call("list", policy_id, limit, after)
 
     def stats(self) -> StoreStats:
         """This node's tiers and counters."""
         self._live()
-        return self._call(StoreServer.stats)
+        return self._call("stats")
 
     def delete(self, policy_id: str, version: int | None = None) -> list[SnapshotId]:
         """Delete one version, or all versions of ``policy_id``, on every node. Views already held stay valid."""
@@ -470,7 +420,7 @@ class PolicyStore:
         if version is not None:
             check_version(version)
         session = self._live()
-        deleted = self._call(StoreServer.delete, policy_id, version, idempotent=False)
+        deleted = self._call("delete", policy_id, version, idempotent=False)
         for sid in deleted:
             session.drop(sid, deleted=True)
         return deleted
@@ -487,7 +437,7 @@ class PolicyStore:
         if version is not None:
             check_version(version)
         session = self._live()
-        report: VerifyReport = self._call(StoreServer.verify, policy_id, version, timeout_s=self._long_timeout_s())
+        report: VerifyReport = self._call("verify", policy_id, version, timeout_s=self._long_timeout_s())
         if False in (report.hot, report.disk, report.durable):
             if report.hot is False:
                 session.drop(report.id)
@@ -500,7 +450,7 @@ class PolicyStore:
         SpillFailedError, naming them, while acknowledged snapshots are only in memory (their spill failed: a full
         disk; the store retries until they land)."""
         self._live()
-        self._call(StoreServer.flush, self._follower.take_used() if self._follower is not None else (),
+        self._call("flush", self._follower.take_used() if self._follower is not None else (),
                    timeout_s=self._long_timeout_s())
 
     def _long_timeout_s(self) -> float:
@@ -534,7 +484,7 @@ def shutdown(node_id: str | None = None, *, league: str | None = None) -> bool:
         session.snapshots.clear()
     if follower is not None:
         follower.stop()
-    return _kill_named(store_name(node_id, league))
+    return remote.kill(store_name(node_id, league))
 
 
 def shutdown_all(*, league: str | None = None) -> None:
@@ -542,39 +492,5 @@ def shutdown_all(*, league: str | None = None) -> None:
     league = _league(None, league)[1]
     for node in ray.nodes():
         shutdown(node["NodeID"], league=league)
-    _kill_named(catalog_name(league))
+    remote.kill(catalog_name(league))
     current_session(league).renumbered(epoch="")  # the next catalog's first push must not wipe what is got from it
-
-
-def _kill_named(name: str) -> bool:
-    actor = running(name)
-    if actor is None:
-        return False
-    ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + 30
-    while running(name) is not None and time.monotonic() < deadline:  # the name is released once the actor is gone
-        time.sleep(0.05)
-    return True
-
-
-def _call(method: Any, args: tuple, timeout_s: float, what: str) -> Any:
-    """Run an actor method (``what`` names the actor) within ``timeout_s`` and re-raise the actor's own errors as
-    themselves, without Ray's wrapping; DeadlineExceededError if it does not answer in time."""
-    try:
-        return wait(method.remote(*args), timeout_s, what, method._method_name)
-    except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, PolicyStoreError):
-            raise exc.cause.with_traceback(None) from None
-        raise
-
-
-def _start_failed(what: str, exc: ray.exceptions.ActorDiedError) -> PolicyStoreError:
-    """The error that stopped an actor's start, as its own policystore class when it is one (a spill folder that
-    cannot be used is a SnapshotFolderError), else StoreUnavailableError; the message keeps the actor's words."""
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    last = lines[-1] if lines else str(exc)
-    name, _, message = last.partition(": ")
-    cls = getattr(errors, name.rsplit(".", 1)[-1], None)
-    if not (isinstance(cls, type) and issubclass(cls, PolicyStoreError)):
-        cls, message = StoreUnavailableError, last
-    return cls(f"the {what} could not start: {message}")

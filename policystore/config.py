@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, InvalidOptionError
 from .extras import needs
 
 
@@ -125,9 +125,6 @@ class StoreConfig:
         return os.path.join(tempfile.gettempdir(), "policystore-spill", session_name)
 
 
-WATCH_GROUP = "watch"  # the stores' and the catalog's concurrency group of the calls their followers make
-NAMESPACE = "policystore"  # the Ray namespace of every league's actors (their names carry the league)
-CATALOG_NAME = "policystore-catalog"  # the default league's catalog
 DEFAULT_LEAGUE = "default"
 PUBLISH_BYTES_PER_S = 16 * 2**20  # the slowest publish (disk, durable tier) a deadline allows for
 LEAGUES = ".leagues"  # other leagues' folders under a shared root; spill.py skips it
@@ -142,31 +139,11 @@ def check_league(league: object) -> str:
     return league
 
 
-def detached(name: str) -> dict[str, object]:
-    """Ray options of the project's named actors: found if ``name`` runs, else created (atomically, in Ray's GCS)
-    detached, taking no CPU slot, and restarted by Ray whenever it dies."""
-    return {"name": name, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached", "num_cpus": 0,
-            "max_restarts": -1}
-
-
-def running(name: str) -> object | None:
-    """The handle of the project's named actor ``name`` (a store, a catalog), or None when none runs."""
-    import ray  # only here: the Ray-free folder reader imports this module
-
-    try:
-        return ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        return None
-
-
-def catalog_name(league: str = DEFAULT_LEAGUE) -> str:
-    """The league's catalog actor (the default league keeps the name it always had)."""
-    return CATALOG_NAME if league == DEFAULT_LEAGUE else f"{CATALOG_NAME}@{league}"
-
-
-def store_name(node_id: str, league: str = DEFAULT_LEAGUE) -> str:
-    """The league's store actor on ``node_id`` (the default league keeps the name it always had)."""
-    return f"policystore-{node_id}" if league == DEFAULT_LEAGUE else f"policystore-{node_id}@{league}"
+def check_durable(durable: object) -> bool:
+    """Return ``durable`` if it is a publish's ``durable=`` option (True or False), else InvalidOptionError."""
+    if not isinstance(durable, bool):
+        raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
+    return durable
 
 
 def league_folder(root: str, league: str | None) -> str:

@@ -21,8 +21,10 @@ from rich.table import Table
 from torch import nn
 
 import policystore
+from policystore import remote
 from policystore.memory import MiB, session_pss_bytes
 
+WAIT_S = 600.0  # the longest the demo waits for its workers (their start, loading the league, playing)
 
 def opponent_net(size_mib: float) -> nn.Module:
     """An MLP policy of about ``size_mib`` MiB of float32 weights."""
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     store = policystore.connect(policystore.StoreConfig(spill_dir=tempfile.mkdtemp(prefix="policystore-demo-")))
     workers = [RolloutWorker.remote(args.size_mib) for _ in range(args.workers)]
-    ray.get([w.__ray_ready__.remote() for w in workers])
+    remote.get([remote.send(w, "__ray_ready__") for w in workers], WAIT_S, "the rollout workers", "__ray_ready__")
     idle = session_pss_bytes()
 
     league = [f"league_{i}" for i in range(args.snapshots)]
@@ -73,8 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     published = session_pss_bytes()
 
     with console.status(f"{args.workers} workers load {args.snapshots} opponents and play"):
-        ray.get([w.load_league.remote(league) for w in workers])
-        ray.get([w.play.remote(args.steps) for w in workers])
+        loading = [remote.send(w, "load_league", league) for w in workers]
+        remote.get(loading, WAIT_S, "the rollout workers", "load_league")
+        remote.get([remote.send(w, "play", args.steps) for w in workers], WAIT_S, "the rollout workers", "play")
     playing = session_pss_bytes()
 
     size = snapshot_bytes / len(league) / MiB

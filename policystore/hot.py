@@ -12,9 +12,18 @@ from collections.abc import Iterator
 
 import ray
 
+from .errors import SnapshotTooLargeError
 from .ids import SnapshotId
 from .watch import Feed
 from .wire import HotSnapshot
+
+
+def check_fits(nbytes: int, capacity: int, what: str) -> None:
+    """SnapshotTooLargeError unless a snapshot of ``nbytes`` fits in a hot tier of ``capacity`` bytes (a publisher
+    checks before it packs, the store again before it copies)."""
+    if nbytes > capacity:
+        raise SnapshotTooLargeError(f"{what} is {nbytes} bytes, larger than the whole hot tier (hot_capacity_bytes="
+                                    f"{capacity}); raise the capacity or shrink the snapshot")
 
 
 class HotTier:

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from contextlib import ExitStack, contextmanager
@@ -38,18 +38,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from . import leftovers, memory
-from .config import DEFAULT_LEAGUE, NAMESPACE, WATCH_GROUP, StoreConfig, catalog_name, running, store_name
-from .deadline import wait
+from . import leftovers, memory, remote
+from .config import DEFAULT_LEAGUE, StoreConfig, check_durable
 from .errors import (
     CorruptSnapshotError,
     DiskFullError,
     DurableTierError,
-    InvalidOptionError,
     InvalidWeightsError,
     PolicyStoreError,
     SnapshotLostError,
-    SnapshotTooLargeError,
     SpillFailedError,
     UnknownPolicyError,
     UnknownVersionError,
@@ -65,10 +62,11 @@ from .format import (
     verify_buffer,
 )
 from .holders import HolderBatch
-from .hot import HotTier
+from .hot import HotTier, check_fits
 from .ids import SnapshotId, check_policy_id, check_version
 from .metrics import COUNTERS, StoreMetrics
 from .protect import open_shared, shareable, unwrap
+from .remote import WATCH_GROUP, catalog_name, store_name
 from .snapfile import SpillFile
 from .spill import TOMBSTONES, DiskTier
 from .staging import StagingMaps
@@ -99,7 +97,6 @@ _FETCH_TIMEOUT_S = 120.0
 # How long a publish waits for a restarting catalog to answer a call that is safe to repeat, so that a catalog
 # killed between its commit and its reply never leaves a version listed whose publish gave up on it.
 _CATALOG_RETRY_S = 60.0
-_CATALOG_DOWN = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
 _GAUGE_INTERVAL_S = 2.0
 HOLD_INTERVAL_S = 0.5  # the holder changes of one interval go to the catalog in one call
 # How long a fetch of a version this store has not heard committed waits for its catalog follower (whose answer
@@ -144,20 +141,6 @@ def _node_object_store_bytes(node_id: str) -> int:
     raise RuntimeError(f"node {node_id} is not part of this Ray cluster")
 
 
-def check_fits(nbytes: int, capacity: int, what: str) -> None:
-    """SnapshotTooLargeError unless a snapshot of ``nbytes`` fits in a hot tier of ``capacity`` bytes (a publisher
-    checks before it packs, the store again before it copies)."""
-    if nbytes > capacity:
-        raise SnapshotTooLargeError(f"{what} is {nbytes} bytes, larger than the whole hot tier (hot_capacity_bytes="
-                                    f"{capacity}); raise the capacity or shrink the snapshot")
-
-
-def check_durable(durable: object) -> bool:
-    if not isinstance(durable, bool):
-        raise InvalidOptionError(f"durable must be True or False, got {type(durable).__name__} {durable!r}")
-    return durable
-
-
 class StoreServer:
     """Run as a Ray actor (see ``client.connect``); every public method is a remote call."""
 
@@ -176,7 +159,7 @@ class StoreServer:
         self.feed = Feed()
         self.hot = HotTier(capacity, self.feed)
         self.league = config.league or DEFAULT_LEAGUE
-        self.catalog = ray.get_actor(catalog_name(self.league), namespace=NAMESPACE)
+        self.catalog = remote.find(catalog_name(self.league))
         self._staging = StagingMaps()
         self._lock = threading.Lock()
         # Publishes in flight per policy: the catalog may announce a version before this store has recorded its own
@@ -216,8 +199,7 @@ class StoreServer:
         quarantine what conflicts."""
         with self._lock:
             held = self._held_locked()
-        reconciled: Reconciled = self._on_catalog(
-            lambda: self.catalog.reconcile.remote(self.node_id, held, restarted=restarted))
+        reconciled: Reconciled = self._on_catalog("reconcile", self.node_id, held, restarted=restarted)
         for sid in reconciled.discard:
             log.warning("discarding %s: never committed, aborted or deleted", sid)
             self.forget(*sid)
@@ -264,16 +246,17 @@ class StoreServer:
         while True:
             try:
                 if bell is None:
-                    bell = ray.get(self.catalog.doorbell.remote(), timeout=limit)
+                    bell = remote.call(self.catalog, "doorbell", timeout_s=limit)
                 if epoch is not None:
                     asked = time.monotonic()
-                    ring, proven = ray.get(bell.after_beats(since, epoch, self.config.poll_s * 4), timeout=limit)
+                    ring, proven = remote.get(bell.after_beats(since, epoch, self.config.poll_s * 4), limit,
+                                               "the catalog's doorbell", "after_beats")
                     if proven and ring.seq == since and ring.epoch == epoch:  # idle: the catalog's beat says so
                         failures = 0
                         self.feed.heard_until(asked)
                         continue
                 sent = time.monotonic()
-                events: CatalogEvents = ray.get(self.catalog.watch.remote(since if epoch else 0, 0), timeout=limit)
+                events: CatalogEvents = remote.call(self.catalog, "watch", since if epoch else 0, 0, timeout_s=limit)
             except Exception as exc:  # catalog restarting: readers see the feed go stale and ask directly
                 bell = None  # a restarted catalog may stand on another node
                 failures += 1
@@ -340,7 +323,7 @@ class StoreServer:
 
     def _catalog_latest(self, policy_id: str) -> int:
         try:
-            return self._ask(self.catalog.lookup.remote(policy_id), "lookup").version
+            return self._ask("lookup", policy_id).version
         except UnknownPolicyError:
             return 0
 
@@ -428,8 +411,7 @@ class StoreServer:
         with ExitStack() as landing:
             if durable:
                 wait_all([self._started])  # its reconcile aborts this node's reservations left by a killed store
-                sid = SnapshotId(policy_id, self._on_catalog(
-                    lambda: self.catalog.reserve.remote(policy_id, self.node_id)))
+                sid = SnapshotId(policy_id, self._on_catalog("reserve", policy_id, self.node_id))
                 self._saw(*sid)
                 try:
                     entry.file = self.disk.commit(self.disk.write_temp(sid, buf, header), sid)
@@ -439,8 +421,7 @@ class StoreServer:
                         """The commit point. Gets of this version wait from here until it is recorded below (never
                         while the data object uploads)."""
                         landing.enter_context(self._landing(policy_id))
-                        self._on_catalog(lambda: self.catalog.commit.remote(
-                            policy_id, sid.version, self.node_id, Summary.of(header, True)))
+                        self._on_catalog("commit", policy_id, sid.version, self.node_id, Summary.of(header, True))
 
                     if self.uploads is not None:  # the marker after the catalog's commit: it never names an
                         # uncommitted version; the upload runs within the tier's deadline
@@ -457,8 +438,7 @@ class StoreServer:
                 ref = ray.put(shareable(buf))
                 landing.enter_context(self._landing(policy_id))
                 token = uuid.uuid4().hex  # the catalog answers a repeated call with the version this one was given
-                sid = self._on_catalog(lambda: self.catalog.publish.remote(
-                    policy_id, self.node_id, Summary.of(header, False), token)).id
+                sid = self._on_catalog("publish", policy_id, self.node_id, Summary.of(header, False), token).id
                 self._saw(*sid)
             with self._lock:
                 self._policies.setdefault(policy_id, {})[sid.version] = entry
@@ -478,7 +458,7 @@ class StoreServer:
             if self._policies.get(sid.policy_id, {}).get(sid.version) is not entry:  # deleted before its turn
                 entry.pending = None
                 return
-        buf = open_shared(ray.get(ref), strict=False)
+        buf = open_shared(remote.get(ref, self.config.call_timeout_s, f"this store's copy of {sid}"), strict=False)
         try:
             temp = self.disk.write_temp(sid, buf, entry.header)
         except CorruptSnapshotError as exc:
@@ -575,7 +555,7 @@ class StoreServer:
 
     def _send_holders(self, gained: Sequence[tuple[SnapshotId, str]], dropped: Sequence[tuple[SnapshotId, str]]
                       ) -> None:
-        ray.get(self.catalog.update_holders.remote(gained, dropped), timeout=self.config.call_timeout_s)
+        remote.call(self.catalog, "update_holders", gained, dropped, timeout_s=self.config.call_timeout_s)
 
     def _local_ids(self) -> list[SnapshotId]:
         with self._lock:
@@ -626,7 +606,7 @@ class StoreServer:
                 log.info("%s@v%d was deleted since this store heard of it; asking the catalog", policy_id, heard)
             except SnapshotLostError:  # its last copy died: the catalog's latest falls back to a readable one
                 log.info("%s@v%d has no copy left; asking the catalog for the newest readable", policy_id, heard)
-        info = self._ask(self.catalog.lookup.remote(policy_id), "lookup")
+        info = self._ask("lookup", policy_id)
         return self._copy_of(info.id, info)
 
     def _copy_of(self, sid: SnapshotId, info: CatalogEntry | None = None) -> HotSnapshot:
@@ -684,7 +664,7 @@ class StoreServer:
                 damaged = exc
                 self._lost_file(entry, file, exc)
         try:
-            hot = self._fetch(sid, ray.get(self.catalog.lookup.remote(*sid)))
+            hot = self._fetch(sid, self._ask("lookup", *sid))
         except PolicyStoreError as exc:
             if damaged is not None:
                 raise CorruptSnapshotError(f"{damaged}; no other good copy: {exc}") from None
@@ -732,7 +712,7 @@ class StoreServer:
         if (entry is None and landing is None) or (entry is not None and entry.corrupt):
             return None
         hot = landing.result(_FETCH_TIMEOUT_S) if entry is None else self._copy_of(sid)
-        return unwrap(ray.get(hot.refs[0], timeout=_FETCH_TIMEOUT_S))
+        return unwrap(remote.get(hot.refs[0], _FETCH_TIMEOUT_S, f"this store's copy of {sid}"))
 
     def _fetch(self, sid: SnapshotId, info: CatalogEntry) -> HotSnapshot:
         """Copy a snapshot this node lacks from a node that holds it (or the durable tier): once per node."""
@@ -781,15 +761,15 @@ class StoreServer:
                 return self._fetch(sid, seeded)
             except PolicyStoreError as exc:
                 log.info("fetching %s from the holders at its commit failed (%s); asking the catalog", sid, exc)
-        return self._fetch(sid, self._ask(self.catalog.lookup.remote(*sid), "lookup"))
+        return self._fetch(sid, self._ask("lookup", *sid))
 
     def _from_peers(self, sid: SnapshotId, info: CatalogEntry, problems: list[str]
                     ) -> tuple[HotSnapshot, Header] | None:
         """This node's own copy, streamed from other nodes' stores as a pipeline (``transfer``), or None
         (``problems`` says why)."""
         def ask(node: str, force: bool) -> Route:
-            peer = ray.get_actor(store_name(node, self.league), namespace=NAMESPACE)
-            return ray.get(peer.route.remote(*sid, self.node_id, force), timeout=self.config.call_timeout_s)
+            peer = remote.find(store_name(node, self.league))
+            return remote.call(peer, "route", *sid, self.node_id, force, timeout_s=self.config.call_timeout_s)
 
         holders = [h for h in info.holders if h not in (self.node_id, DURABLE)]
         buf = self.relay.fetch(sid, holders, ask, problems)  # the bytes cross the network here, once
@@ -822,7 +802,7 @@ class StoreServer:
              after: SnapshotId | None = None) -> list[SnapshotInfo]:
         """The catalog's entries (one page of them with ``limit``/``after``: ``CatalogServer.list``) with where this
         node holds each."""
-        entries: list[CatalogEntry] = self._ask(self.catalog.list.remote(policy_id, limit, after), "list")
+        entries: list[CatalogEntry] = self._ask("list", policy_id, limit, after)
         rows = []
         with self._lock:
             for e in entries:
@@ -872,7 +852,7 @@ class StoreServer:
     def _waiting(self) -> int:
         """Readers waiting on the doorbell now (-1: it did not answer within a second)."""
         try:
-            return ray.get(self._bell.waiters(), timeout=1.0)
+            return remote.get(self._bell.waiters(), 1.0, "the node's doorbell", "waiters")
         except Exception:
             return -1
 
@@ -882,8 +862,8 @@ class StoreServer:
     # ---- maintenance ---------------------------------------------------------------------------------------
     def delete(self, policy_id: str, version: int | None = None) -> list[SnapshotId]:
         """Delete one version, or every version when ``version`` is None, on every node. Versions are never reused."""
-        removed: list[CatalogEntry] = ray.get(self.catalog.delete.remote(
-            policy_id, version, tombstones_queued=self.uploads is not None))  # queued below, recorded on disk
+        removed: list[CatalogEntry] = self._ask("delete", policy_id, version,
+                                                tombstones_queued=self.uploads is not None)  # queued below, on disk
         peers = []
         for entry in removed:
             sid = entry.id
@@ -891,9 +871,11 @@ class StoreServer:
             self.feed.deleted(sid)
             self._remove_durable(sid)  # whether or not it got there yet: an upload may be on its way
             for holder in entry.holders:  # a node whose store is gone has lost its copies with it
-                peer = running(store_name(holder, self.league)) if holder not in (DURABLE, self.node_id) else None
+                if holder in (DURABLE, self.node_id):
+                    continue
+                peer = remote.running(store_name(holder, self.league))
                 if peer is not None:
-                    peers.append(peer.forget.remote(*sid))
+                    peers.append(remote.send(peer, "forget", *sid))
         if removed:
             self.feed.set_latest(policy_id, self._catalog_latest(policy_id))
         ray.wait(peers, num_returns=len(peers), timeout=30)
@@ -927,7 +909,7 @@ class StoreServer:
         by the next get. A durable tier that does not answer in ``durable_timeout_s`` is reported, not waited for.
         """
         started = time.monotonic()
-        info: CatalogEntry = self._ask(self.catalog.lookup.remote(policy_id, version), "lookup")
+        info: CatalogEntry = self._ask("lookup", policy_id, version)
         sid = info.id
         with self._lock:
             entry = self._policies.get(policy_id, {}).get(sid.version)
@@ -938,7 +920,8 @@ class StoreServer:
         checks = []
         if hot is not None:
             checks.append(
-                ("hot", lambda: open_shared(ray.get(hot.refs[0]), strict=False), f"{sid} (shared-memory copy)"))
+                ("hot", lambda: open_shared(remote.get(hot.refs[0], self.config.call_timeout_s, f"this store's copy of "
+                                                       f"{sid}"), strict=False), f"{sid} (shared-memory copy)"))
         expect = Expected(*sid, info.summary.checksum)
         if file is not None:
             checks.append(("disk", lambda: self.disk.read(file, f"{sid} (disk copy)", expect=expect), None))
@@ -1004,10 +987,10 @@ class StoreServer:
         self._check_spilled()
         return len(pending)
 
-    def _ask(self, ref: ray.ObjectRef, call: str) -> Any:
-        """A read from the catalog within half the call deadline (the caller's own deadline is the whole of it, so
+    def _ask(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The catalog's answer within half the call deadline (the caller's own deadline is the whole of it, so
         the caller learns that the catalog, not this store, was slow)."""
-        return wait(ref, self.config.call_timeout_s / 2, f"catalog of league {self.league!r}", call)
+        return remote.call(self.catalog, method, *args, timeout_s=self.config.call_timeout_s / 2, **kwargs)
 
     # ---- metrics and the durable tier ----------------------------------------------------------------------
     def _count(self, name: str) -> None:
@@ -1041,32 +1024,21 @@ class StoreServer:
                 reported_failures = failures
             time.sleep(_GAUGE_INTERVAL_S)
 
-    def _on_catalog(self, call: Callable[[], ray.ObjectRef]) -> object:
-        """The answer to ``call()``, asked again while the catalog restarts (up to ``_CATALOG_RETRY_S``): only for
+    def _on_catalog(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The catalog's answer, asked again while the catalog restarts (up to ``_CATALOG_RETRY_S``): only for
         calls that are safe to repeat (idempotent, or carrying a token)."""
-        deadline = time.monotonic() + _CATALOG_RETRY_S
-        warned = False
-        while True:
-            try:
-                return ray.get(call(), timeout=max(deadline - time.monotonic(), 1.0))
-            except _CATALOG_DOWN as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                if not warned:
-                    log.warning("the catalog did not answer (%s); asking again until it does", type(exc).__name__)
-                    warned = True
-                time.sleep(0.2)
+        return remote.call(self.catalog, method, *args, timeout_s=_CATALOG_RETRY_S, retry_s=_CATALOG_RETRY_S, **kwargs)
 
     def _withdraw(self, sid: SnapshotId, entry: _Entry) -> None:
         """After a durable publish failed: take the version back in the catalog (aborted, or deleted if it was
         committed), then remove what the publish wrote. If the catalog cannot be told, the files stay: the call is
         queued for it, and the store's next reconcile settles them."""
         try:
-            self._on_catalog(lambda: self.catalog.withdraw.remote(*sid, self.node_id))
+            self._on_catalog("withdraw", *sid, self.node_id)
         except Exception as exc:
             log.error("could not withdraw %s after its publish failed (%s): its files stay until the catalog "
                       "answers", sid, exc)
-            self.catalog.withdraw.remote(*sid, self.node_id)
+            remote.send(self.catalog, "withdraw", *sid, self.node_id)
             return
         if entry.file is not None:
             self.disk.remove(entry.file)

@@ -35,17 +35,18 @@ from dataclasses import dataclass
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .config import DEFAULT_LEAGUE, NAMESPACE, StoreConfig, detached, store_name
+from . import remote
+from .config import DEFAULT_LEAGUE, StoreConfig
 from .format import Header, parse_head
 from .ids import SnapshotId
 from .protect import open_shared
+from .remote import doorbell_name, store_name
 from .snapshot import Snapshot
 from .wire import FeedEpoch, HotSnapshot, Ring, StoreEvents
 
 log = logging.getLogger(__name__)
 
 _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
-_CHECK_S = 0.1  # how often a follower waiting on its long poll checks that it should still follow
 # Followers a doorbell serves at once: one coroutine each (no thread), so this only bounds a runaway caller.
 MAX_WAITERS = 100_000
 # Task events (Ray's state API and dashboard) off for the calls every follower makes several times a second: each
@@ -379,29 +380,28 @@ class Bell:
     actor: ray.actor.ActorHandle
     channel: str
 
-    def ring(self, ring: Ring) -> None:
-        self.actor.ring.remote(self.channel, ring)
+    def ring(self, ring: Ring) -> ray.ObjectRef:
+        """Ring the channel; the ref says when the doorbell took it (most ringers never wait for that)."""
+        return remote.send(self.actor, "ring", self.channel, ring)
 
     def wait(self, since: int, epoch: FeedEpoch | str, timeout_s: float, follows: Collection[str] | None = None
              ) -> ray.ObjectRef:
         """A ref to the ring after ``since`` (see ``Doorbell.wait``)."""
-        return self.actor.wait.remote(self.channel, since, epoch, timeout_s, follows)
+        return remote.send(self.actor, "wait", self.channel, since, epoch, timeout_s, follows)
 
     def after_beats(self, since: int, epoch: str, timeout_s: float) -> ray.ObjectRef:
         """A ref to a catalog's ring after ``since``, or to its next beat (see ``Doorbell.after_beats``)."""
-        return self.actor.after_beats.remote(self.channel, since, epoch, timeout_s)
+        return remote.send(self.actor, "after_beats", self.channel, since, epoch, timeout_s)
 
     def waiters(self) -> ray.ObjectRef:
-        return self.actor.waiters.remote(self.channel)
+        return remote.send(self.actor, "waiters", self.channel)
 
 
 def node_doorbell(node_id: str, channel: str) -> Bell:
     """``channel`` on the doorbell of ``node_id``, started if missing (creation is atomic in Ray's GCS). Detached:
     it outlives the stores and catalogs that ring it, so one started anew finds it running."""
-    actor = ray.remote(Doorbell).options(
-        **detached(f"policystore-doorbell-{node_id}"), max_concurrency=MAX_WAITERS,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote()
+    actor = remote.start(Doorbell, doorbell_name(node_id), options={
+        "max_concurrency": MAX_WAITERS, "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)})
     return Bell(actor, channel)
 
 
@@ -564,9 +564,9 @@ class Follower:
         while not self._stop.is_set() and current_ray_session() == session:
             try:
                 if self._actor is None:
-                    self._actor, self._bell = ray.get_actor(self._name, namespace=NAMESPACE), None
+                    self._actor, self._bell = remote.find(self._name), None
                 if self._bell is None:
-                    self._bell = self._wait(self._actor.doorbell.remote().future(), session, limit)
+                    self._bell = self._wait(remote.send(self._actor, "doorbell"), session, limit, "doorbell")
                     if self._bell is None:
                         return
                 if news or self._used or self._adopt:
@@ -574,15 +574,15 @@ class Follower:
                         return
                 with self._lock:
                     follows = tuple(self._follows)
-                ring = self._wait(self._bell.wait(self._seq, self._epoch or "", self._poll_s, follows).future(),
-                                  session, limit)
+                ring = self._wait(self._bell.wait(self._seq, self._epoch or "", self._poll_s, follows), session, limit,
+                                  "wait")
                 if ring is None:
                     return
                 news = not self._heard(ring)
             except Exception as exc:  # store restarting or gone, Ray shutting down: reads fall back meanwhile
                 if self._stop.is_set() or current_ray_session() != session:
                     return
-                if isinstance(exc, (ValueError, ray.exceptions.ActorDiedError)):
+                if remote.died(exc):
                     self._actor = self._bell = None  # stopped for good (or not there yet): find its successor
                 news = True
                 failures += 1
@@ -597,8 +597,8 @@ class Follower:
         """Ask the store what changed (an answer at once: the waiting is the doorbell's). False: stopped."""
         with self._lock:
             follows, adopt = tuple(self._follows), tuple(self._adopt)
-        call = self._actor.watch.remote(self._seq if self._epoch else 0, 0, self.take_used(), follows, adopt)
-        events = self._wait(call.future(), session, timeout_s)
+        call = remote.send(self._actor, "watch", self._seq if self._epoch else 0, 0, self.take_used(), follows, adopt)
+        events = self._wait(call, session, timeout_s, "watch")
         if events is None or self._stop.is_set():
             return False
         with self._lock:
@@ -617,18 +617,11 @@ class Follower:
             self._as_of = max(self._as_of, ring.as_of)
             return True
 
-    def _wait(self, future: concurrent.futures.Future, session: str | None, timeout_s: float) -> object | None:
-        """A remote call's answer, waited for in Python: a thread blocked inside ``ray.get`` when ``ray.shutdown()``
-        destroys the core worker is left waiting on freed memory (a crash later). None: stopped or Ray shut down."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return future.result(timeout=min(_CHECK_S, max(deadline - time.monotonic(), 0.0)))
-            except concurrent.futures.TimeoutError:
-                if self._stop.is_set() or current_ray_session() != session:
-                    return None
-                if time.monotonic() >= deadline:
-                    raise
+    def _wait(self, ref: ray.ObjectRef, session: str | None, timeout_s: float, method: str) -> object | None:
+        """A remote call's answer, waited for without blocking inside Ray (``remote.get``'s ``stop``). None: stopped
+        or Ray shut down."""
+        return remote.get(ref, timeout_s, f"the {remote.describe(self._name)}", method,
+                          stop=lambda: self._stop.is_set() or current_ray_session() != session)
 
     def _map_ahead(self, session: str | None) -> None:
         """Map the pushed snapshots not mapped yet (newest first), off the read path: a read of one is then a
@@ -637,7 +630,8 @@ class Follower:
             todo = [(sid, p) for sid, p in self._hot.items() if p.snapshot is None and sid.policy_id in self._reads]
         for sid, pushed in sorted(todo, key=lambda item: -item[0].version):
             try:
-                value = self._wait(pushed.ref.future(), session, self._map_timeout_s)
+                value = remote.get(pushed.ref, self._map_timeout_s, f"the pushed copy of {sid}",
+                                   stop=lambda: self._stop.is_set() or current_ray_session() != session)
                 if value is None:
                     return
                 snap = Snapshot(sid, open_shared(value, what=str(sid)), pushed.ref, pushed.header)

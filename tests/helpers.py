@@ -4,7 +4,10 @@ import time
 
 import ray
 
-RESTARTING = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)  # ignore=: an actor coming back
+from policystore import StoreUnavailableError
+
+# ignore=: an actor coming back (Ray's errors on a raw call, StoreUnavailableError on the store's API)
+RESTARTING = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, StoreUnavailableError)
 WAIT_S = 120.0  # how long a condition may take to come true on a loaded machine (not a timing claim)
 
 

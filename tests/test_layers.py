@@ -168,6 +168,17 @@ def test_rules_package_imports_without_ray_or_the_store():
     assert proc.stdout.strip() == "[]"
 
 
+def test_the_client_imports_neither_the_store_nor_the_catalog():
+    """A rollout worker's handle names remote methods by string (``policystore.remote``): it never loads the store's
+    or the catalog's code (``policystore.launch`` does, only to start one that is missing)."""
+    assert {"policystore.server", "policystore.catalog"} & set(GRAPH["policystore.client"]) == set()
+    code = "import sys, policystore.client; print(sorted(m for m in sys.modules if m in ('policystore.server', " \
+           "'policystore.catalog', 'policystore.launch')))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
 def test_a_reader_of_raw_bytes_never_loads_torch():
     """A process that follows the league and reads a snapshot's raw bytes and meta (a watcher, a non-torch
     consumer) loads no torch: importing it costs a Ray worker more private memory than everything else it holds.

@@ -66,7 +66,7 @@ class ClusterSource(Source):
         import ray
 
         from .. import client
-        from ..config import catalog_name, running, store_name
+        from ..remote import catalog_name, running, store_name
         from .join import prepare
 
         if not ray.is_initialized():

@@ -22,6 +22,7 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
+from .. import remote
 from ..errors import CorruptSnapshotError, PolicyStoreError, UnknownPolicyError
 from ..ids import SnapshotId
 from ..views import fast_reads
@@ -30,6 +31,7 @@ from .registry import FrozenEntry, LeagueError, LeagueFollower, LeagueState
 from .settings import LeagueSettings, NotSetUpError, find_settings
 
 logger = logging.getLogger(__name__)
+BROADCAST_S = 600.0  # the longest an EnvRunner waits for the weights RLlib broadcasts by ref
 
 
 class SharedModulesMixin:
@@ -218,7 +220,7 @@ class SharedModulesMixin:
         if modules is None or not frozen:
             return state
         if isinstance(modules, ray.ObjectRef):
-            modules = ray.get(modules)
+            modules = remote.get(modules, BROADCAST_S, "the learners' broadcast weights")
         dropped = [mid for mid in modules if mid in frozen]
         if dropped:
             logger.debug("not loading broadcast state into frozen (store-backed) modules %s", dropped)

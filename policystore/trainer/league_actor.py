@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import ray
 
+from policystore import remote
 from policystore.league.matchmaking import League, LeagueConfig, Match, MatchResult, SnapshotRequest
+
+PUBLISH_S = 600.0  # the longest a learner's snapshot (a durable publish) may take before the league gives up on it
 
 
 class LeagueActor(League):
@@ -45,7 +48,7 @@ class LeagueActor(League):
 
     def settle(self) -> list[str]:
         """Wait for every snapshot in flight and add it (the end of a session); returns the names added."""
-        ray.get([ref for _, ref in self.publishing])
+        remote.get([ref for _, ref in self.publishing], PUBLISH_S, "the learner shards", "snapshot")
         return self._add_published()
 
     def _ask_learners(self) -> None:
@@ -53,9 +56,9 @@ class LeagueActor(League):
             return  # not serving yet: requests wait in the league until ``serve``
         for request in self.pop_requests():
             learner = self.learners[request.player]
-            self.publishing.append((request, learner.snapshot.remote(request.name)))
+            self.publishing.append((request, remote.send(learner, "snapshot", request.name)))
             if request.reset:
-                learner.reset.remote()  # after the snapshot: one caller's calls to one actor keep their order
+                remote.send(learner, "reset")  # after the snapshot: one caller's calls to one actor keep their order
 
     def _add_published(self) -> list[str]:
         """Add the snapshots whose publish has returned, in request order (a failed publish raises here)."""
@@ -67,7 +70,7 @@ class LeagueActor(League):
         added = []
         for request, ref in self.publishing:
             if ref in done:
-                ray.get(ref)
+                remote.get(ref, PUBLISH_S, f"the learner of {request.player}", "snapshot")  # ready: no wait
                 self.add_snapshot(request)
                 added.append(request.name)
         self.publishing = [(r, ref) for r, ref in self.publishing if ref not in done]

@@ -17,6 +17,7 @@ import ray
 from rich.console import Console
 
 import policystore
+from policystore import remote
 from policystore.league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
 from policystore.league.games import get_game
 from policystore.memory import MiB
@@ -31,6 +32,7 @@ from policystore.trainer.rundir import RunDir, prepare_run_dir
 from policystore.workers.modules import SnapshotModules
 from policystore.workers.rollout import RolloutWorker, WorkerConfig
 
+ANSWER_S = 600.0  # the longest the driver waits for an actor's answer (a learner's first publish, a checkpoint)
 RESCALE_EVERY_S = 20.0  # how often the snapshot budgets follow the measured env steps/s (first: LeagueConfig)
 
 
@@ -56,15 +58,15 @@ class Trainer:
             hot_capacity_bytes=c.hot_capacity_mib * MiB, spill_dir=str(self.rd.store)))
         self.league = ray.remote(LeagueActor).options(num_cpus=0).remote(c.league, c.seed)
         if self.resume:
-            ray.get(self.league.load_state.remote(self.rd.read_json(self.rd.league, None)))
+            remote.call(self.league, "load_state", self.rd.read_json(self.rd.league, None), timeout_s=ANSWER_S)
         shard = ray.remote(LearnerShard)
         self.learners = {
             name: shard.options(num_cpus=c.learner_cpus, num_gpus=c.learner_gpus).remote(
                 name, str(self.rd.checkpoints), c.ppo, c.hidden, c.seed + i, c.publish_every, self.resume, c.game)
-            for i, name in enumerate(ray.get(self.league.trainable.remote()))}
+            for i, name in enumerate(remote.call(self.league, "trainable", timeout_s=ANSWER_S))}
         # The league has the learners publish the main agents' first snapshots before any match needs them.
-        ray.get(self.league.serve.remote(self.learners))
-        devices = ray.get([learner.stats.remote() for learner in self.learners.values()])
+        remote.call(self.league, "serve", self.learners, timeout_s=ANSWER_S)
+        devices = self.ask_learners("stats")
         self.console.print("learner shards: " + ", ".join(f"{s['player']} on {s['device']}" for s in devices))
         worker_config = WorkerConfig(c.games_per_match, c.hidden, c.ppo.gamma, c.ppo.gae_lambda, c.weights, game=c.game,
                                      mirror=c.mirror, opening_share=c.opening_share, opening_moves=c.opening_moves)
@@ -80,7 +82,7 @@ class Trainer:
         seconds = minutes * 60.0
         start = time.monotonic()
         steps_at_start = self.total_steps()
-        runs = [w.run.remote(seconds) for w in self.workers]
+        runs = [remote.send(w, "run", seconds) for w in self.workers]
         next_eval = next_ckpt = 0.0
         next_budget = RESCALE_EVERY_S
         status: dict[str, Any] = {}
@@ -88,15 +90,16 @@ class Trainer:
             while True:
                 done, _ = ray.wait(runs, num_returns=len(runs), timeout=1.0)
                 elapsed = self.session_elapsed = time.monotonic() - start
-                summary = ray.get(self.league.summary.remote())
+                summary = remote.call(self.league, "summary", timeout_s=ANSWER_S)
                 steps = self.total_steps(summary) - steps_at_start
                 status = {"elapsed_s": elapsed, "steps": steps, "steps_per_s": steps / max(elapsed, 1e-9),
                           "summary": summary}
                 if elapsed >= next_budget:  # scale snapshot budgets to the measured rate, follow the lr schedule
-                    self.league.set_run_steps.remote(int(status["steps_per_s"] * (self.elapsed_before + seconds)))
+                    run_steps = int(status["steps_per_s"] * (self.elapsed_before + seconds))
+                    remote.send(self.league, "set_run_steps", run_steps)
                     progress = (self.elapsed_before + elapsed) / (self.elapsed_before + seconds)
                     for learner in self.learners.values():
-                        learner.set_progress.remote(progress)
+                        remote.send(learner, "set_progress", progress)
                     next_budget = elapsed + RESCALE_EVERY_S
                 if elapsed >= next_eval or len(done) == len(runs):
                     self.evaluate_main(status)
@@ -107,13 +110,18 @@ class Trainer:
                 display.update(status, self.curve[-1] if self.curve else None)
                 if len(done) == len(runs):
                     break
-        worker_stats = ray.get(runs)
-        ray.get(self.league.settle.remote())  # snapshots the last results asked for
+        worker_stats = remote.get(runs, ANSWER_S, "the rollout workers", "run")
+        remote.call(self.league, "settle", timeout_s=ANSWER_S)  # snapshots the last results asked for
         self.checkpoint(time.monotonic() - start)
         return {"status": status, "workers": worker_stats}
 
+    def ask_learners(self, method: str) -> list[Any]:
+        """Every learner shard's answer to ``method``, in the order of ``self.learners``."""
+        calls = [remote.send(learner, method) for learner in self.learners.values()]
+        return remote.get(calls, ANSWER_S, "the learner shards", method)
+
     def total_steps(self, summary: list[dict[str, Any]] | None = None) -> int:
-        summary = summary if summary is not None else ray.get(self.league.summary.remote())
+        summary = summary if summary is not None else remote.call(self.league, "summary", timeout_s=ANSWER_S)
         return sum(r["steps"] for r in summary if r["kind"] != HISTORICAL)
 
     def evaluate_main(self, status: dict[str, Any]) -> None:
@@ -126,8 +134,8 @@ class Trainer:
                            **{f"win_{name}": r["win"] for name, r in results.items()}})
 
     def checkpoint(self, session_elapsed: float) -> None:
-        ray.get([learner.save.remote() for learner in self.learners.values()])
-        self.rd.write_json(self.rd.league, ray.get(self.league.to_dict.remote()))
+        self.ask_learners("save")
+        self.rd.write_json(self.rd.league, remote.call(self.league, "to_dict", timeout_s=ANSWER_S))
         self.rd.write_json(self.rd.curve, self.curve)
         self.rd.write_json(self.rd.state, {"elapsed_s": self.elapsed_before + session_elapsed})
 
@@ -135,10 +143,10 @@ class Trainer:
     def finish(self, result: dict[str, Any]) -> dict[str, Any]:
         """Players table, payoff heatmap, learning curve and memory report (printed and under report/)."""
         self.store.flush()
-        summary = ray.get(self.league.summary.remote())
-        payoff = ray.get(self.league.payoff_matrix.remote())
+        summary = remote.call(self.league, "summary", timeout_s=ANSWER_S)
+        payoff = remote.call(self.league, "payoff_matrix", timeout_s=ANSWER_S)
         memory = report.memory_report(self.store.stats(), self.store.list(), self.config.workers)
-        learners = ray.get([learner.stats.remote() for learner in self.learners.values()])
+        learners = self.ask_learners("stats")
         strength = self.measure_reference(summary)
         final = report.final_record(result["status"], self.curve, memory, result["workers"], learners, strength)
         report.write_report(self.rd.report, summary, *payoff, self.curve, strength)

@@ -19,6 +19,7 @@ import ray
 import torch
 
 import policystore
+from policystore import remote
 from policystore.league.baselines import BASELINES
 from policystore.league.games import CONNECT4, get_game
 from policystore.league.matchmaking import Match, MatchResult
@@ -26,6 +27,8 @@ from policystore.league.vecgame import VecGame
 from policystore.memory import MiB, process_pss_bytes
 from policystore.workers.modules import STORE, SnapshotModules
 from policystore.workers.play import net_policy, play, scripted_policy
+
+ANSWER_S = 600.0  # the longest a worker waits for the league's next match or a learner taking a batch
 
 
 @dataclass
@@ -77,8 +80,8 @@ class RolloutWorker:
         self.play_seconds += time.perf_counter() - start
         previous = self.in_flight.get(match.learner)
         if previous is not None:
-            ray.get(previous)
-        self.in_flight[match.learner] = self.learners[match.learner].add.remote(outcome.batch)
+            remote.get(previous, ANSWER_S, f"the learner of {match.learner}", "add")
+        self.in_flight[match.learner] = remote.send(self.learners[match.learner], "add", outcome.batch)
         self.steps += outcome.steps
         self.matches += 1
         return MatchResult(match.learner, match.opponent, outcome.wins, outcome.draws, outcome.losses,
@@ -97,15 +100,15 @@ class RolloutWorker:
         """Play matches for ``seconds`` (at least one, however loaded the machine); returns once every trajectory
         and result has been delivered."""
         deadline = time.monotonic() + seconds
-        next_match = self.league.next_match.remote()
+        next_match = remote.send(self.league, "next_match")
         while True:
-            match = ray.get(next_match)
-            next_match = self.league.next_match.remote()  # overlaps the round trip with the games
-            report = self.league.report.remote(self.play_match(match))
+            match = remote.get(next_match, ANSWER_S, "the league", "next_match")
+            next_match = remote.send(self.league, "next_match")  # overlaps the round trip with the games
+            report = remote.send(self.league, "report", self.play_match(match))
             if time.monotonic() >= deadline:
                 break
         # Calls from one caller run in order: the last report done means all are.
-        ray.get([*self.in_flight.values(), report])
+        remote.get([*self.in_flight.values(), report], ANSWER_S, "the learners and the league", "add")
         return self.stats()
 
     def module_report(self) -> list[dict[str, Any]]:

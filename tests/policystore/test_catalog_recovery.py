@@ -23,10 +23,11 @@ from helpers import eventually
 import policystore
 from policystore import cli
 from policystore.catalog import CatalogServer
-from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
+from policystore.config import StoreConfig
 from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.format import pack, parse_header
 from policystore.ids import SnapshotId
+from policystore.remote import CATALOG_NAME, NAMESPACE, store_name
 
 
 def weights_of_mib(mib: float, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -144,7 +145,7 @@ def test_a_store_killed_mid_durable_publish_leaves_only_what_it_can_serve(make_s
     pid = actor_pid(store_name(store.node_id))
     ray.get(actor.__ray_call__.remote(die_before_commit if where == "before_commit" else die_before_marker))
     weights = weights_of_mib(0.25, seed=7)
-    with pytest.raises(ray.exceptions.RayActorError):
+    with pytest.raises(policystore.StoreUnavailableError):
         store.publish("victim", weights, durable=True)
     eventually(lambda: answering(lambda: actor_pid(store_name(store.node_id))) not in (None, pid), "the store restarts")
     store.flush()  # its startup reconcile is done

@@ -15,8 +15,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import policystore
 from policystore import StoreConfig
-from policystore.config import CATALOG_NAME, NAMESPACE, store_name
 from policystore.memory import MiB
+from policystore.remote import CATALOG_NAME, NAMESPACE, store_name
 
 STORE_MEMORY = 400 * MiB
 

@@ -20,7 +20,7 @@ import policystore
 from benchmarks.s3gate import S3Gate, close_all, connect
 from policystore import cli
 from policystore.catalog import CatalogServer
-from policystore.config import CATALOG_NAME, NAMESPACE, StoreConfig, store_name
+from policystore.config import StoreConfig
 from policystore.durable import MARKER_SUFFIX, DurableTier, survey
 from policystore.errors import (
     CorruptSnapshotError,
@@ -32,6 +32,7 @@ from policystore.errors import (
 )
 from policystore.format import Expected, pack, parse_header
 from policystore.ids import SnapshotId
+from policystore.remote import CATALOG_NAME, NAMESPACE, store_name
 from policystore.wire import Summary
 
 

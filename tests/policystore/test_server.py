@@ -18,7 +18,6 @@ from sample_weights import big_net, net, weights_of_mib
 
 import policystore
 from policystore import StoreConfig
-from policystore.config import NAMESPACE, store_name
 from policystore.errors import (
     CorruptSnapshotError,
     DiskFullError,
@@ -29,6 +28,7 @@ from policystore.errors import (
     UnknownVersionError,
 )
 from policystore.memory import MiB, session_pss_bytes
+from policystore.remote import NAMESPACE, store_name
 
 
 def store_actor() -> ray.actor.ActorHandle:

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import policystore
-from policystore.config import NAMESPACE, catalog_name, store_name
+from policystore.remote import NAMESPACE, catalog_name, store_name
 
 DRIVER = """
 import json, sys

@@ -20,10 +20,9 @@ from helpers import WAIT_S, eventually
 from torch import nn
 
 import policystore
-from policystore.config import CATALOG_NAME, NAMESPACE, catalog_name, store_name
 from policystore.errors import UnknownPolicyError, UnknownVersionError
 from policystore.ids import SnapshotId
-from policystore.server import StoreServer
+from policystore.remote import CATALOG_NAME, NAMESPACE, catalog_name, store_name
 from policystore.watch import Doorbell, Feed, Pushed
 from policystore.wire import FeedEpoch, HotSnapshot
 
@@ -456,7 +455,7 @@ def test_a_store_ref_that_never_arrives_ends_in_an_error_naming_the_snapshot(mak
 
     def call(method, *args, **kwargs):  # the fault: the store's answer carries a ref that never resolves
         hot = answer(method, *args, **kwargs)
-        return dataclasses.replace(hot, refs=[stuck]) if method is StoreServer.resolve else hot
+        return dataclasses.replace(hot, refs=[stuck]) if method == "resolve" else hot
 
     monkeypatch.setattr(store, "_call", call)
     monkeypatch.setattr(policystore.client, "RETRY_TIMEOUT_S", 1.5)

@@ -1,0 +1,243 @@
+"""Every call the package makes to a Ray actor, and the actors' names: one owner for deadlines and Ray's errors.
+
+``call(actor, "method", *args, timeout_s=...)`` runs a method and waits for its answer at most ``timeout_s``;
+``send`` starts one whose answer nobody waits for (or that ``get`` waits for later, with a deadline). Ray's own
+errors never reach a caller: a call without an answer in time is a DeadlineExceededError naming the actor and the
+method, an actor that stopped or cannot be reached is a StoreUnavailableError (Ray's error kept as its cause), an
+actor whose start failed raises its own policystore error, and a policystore error raised inside the actor is raised
+here as itself. Calls that are safe to repeat pass ``retry_s`` to be asked again while Ray restarts the actor.
+
+The project's actors are named, detached and found by name (``start`` finds the running one or starts it; creation
+is atomic in Ray's GCS), in one Ray namespace whatever the league; their names carry the league.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.actor import ActorHandle
+
+from . import errors
+from .config import DEFAULT_LEAGUE
+from .errors import DeadlineExceededError, PolicyStoreError, StoreUnavailableError, brief
+
+WATCH_GROUP = "watch"  # the stores' and the catalog's concurrency group of the calls their followers make
+NAMESPACE = "policystore"  # the Ray namespace of every league's actors (their names carry the league)
+CATALOG_NAME = "policystore-catalog"  # the default league's catalog
+_STORE_PREFIX = "policystore-"
+_DOORBELL_PREFIX = "policystore-doorbell-"
+_RETRY_EVERY_S = 0.1  # between the attempts of a call asked again while its actor restarts
+_POLL_S = 0.1  # how often a stoppable wait checks whether to stop
+_SETTING = "StoreConfig.call_timeout_s"  # what sets the deadlines of calls to the project's own actors
+
+# A handle, or how to find one: ``find(again)`` is asked again with ``again=True`` after the actor it returned
+# died for good (stopped, not restarting), so the next attempt reaches its successor.
+Actor = ActorHandle | Callable[[bool], ActorHandle]
+
+# actor id -> what error messages call it ("the catalog of league 'default'"), for the handles found by name here
+_DESCRIBED: dict[Any, str] = {}
+
+
+def catalog_name(league: str = DEFAULT_LEAGUE) -> str:
+    """The league's catalog actor (the default league keeps the name it always had)."""
+    return CATALOG_NAME if league == DEFAULT_LEAGUE else f"{CATALOG_NAME}@{league}"
+
+
+def store_name(node_id: str, league: str = DEFAULT_LEAGUE) -> str:
+    """The league's store actor on ``node_id`` (the default league keeps the name it always had)."""
+    return f"{_STORE_PREFIX}{node_id}" if league == DEFAULT_LEAGUE else f"{_STORE_PREFIX}{node_id}@{league}"
+
+
+def doorbell_name(node_id: str) -> str:
+    """The node's doorbell (``watch.Doorbell``): one per node, shared by every league's store and catalog."""
+    return f"{_DOORBELL_PREFIX}{node_id}"
+
+
+def describe(name: str) -> str:
+    """What errors call the actor named ``name``: "catalog of league 'x'", "store of league 'x' on node n"."""
+    base, _, league = name.partition("@")
+    league = league or DEFAULT_LEAGUE
+    if base == CATALOG_NAME:
+        return f"catalog of league {league!r}"
+    if base.startswith(_DOORBELL_PREFIX):
+        return f"doorbell of node {base[len(_DOORBELL_PREFIX):]}"
+    if base.startswith(_STORE_PREFIX):
+        return f"store of league {league!r} on node {base[len(_STORE_PREFIX):]}"
+    return f"actor {name!r}"
+
+
+def _named(handle: ActorHandle, name: str) -> ActorHandle:
+    _DESCRIBED[handle._actor_id] = describe(name)
+    return handle
+
+
+def _description(handle: ActorHandle) -> str:
+    found = _DESCRIBED.get(handle._actor_id)
+    if found is not None:
+        return found
+    return f"{handle._ray_actor_creation_function_descriptor.class_name} actor {handle._actor_id.hex()[:8]}"
+
+
+def detached(name: str) -> dict[str, object]:
+    """Ray options of the project's named actors: found if ``name`` runs, else created (atomically, in Ray's GCS)
+    detached, taking no CPU slot, and restarted by Ray whenever it dies."""
+    return {"name": name, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached", "num_cpus": 0,
+            "max_restarts": -1}
+
+
+@functools.cache
+def _actor_class(cls: type, watchers: int | None) -> Any:
+    """``cls`` as a Ray actor class; ``watchers``: its ``watch`` calls run in their own group of that many threads
+    (followers wait on a doorbell actor, not on these threads)."""
+    if watchers is None:
+        return ray.remote(cls)
+    return ray.remote(concurrency_groups={WATCH_GROUP: watchers})(cls)
+
+
+def start(cls: type, name: str, *args: Any, watchers: int | None = None, options: dict[str, Any] | None = None,
+          **kwargs: Any) -> ActorHandle:
+    """The named actor ``name`` of ``cls``: found if it runs, else started (detached, see ``detached``) with
+    ``cls(*args, **kwargs)`` and the Ray ``options`` given (over those defaults). Returns at once: its first call
+    waits for its start."""
+    actor = _actor_class(cls, watchers).options(**{**detached(name), **(options or {})}).remote(*args, **kwargs)
+    return _named(actor, name)
+
+
+def running(name: str) -> ActorHandle | None:
+    """The handle of the project's named actor ``name`` (a store, a catalog), or None when none runs."""
+    try:
+        return _named(ray.get_actor(name, namespace=NAMESPACE), name)
+    except ValueError:
+        return None
+
+
+def find(name: str) -> ActorHandle:
+    """The running actor ``name``; StoreUnavailableError if none runs (its start failed, or it was stopped)."""
+    actor = running(name)
+    if actor is None:
+        raise StoreUnavailableError(f"the {describe(name)} is not running (its start failed, or it was stopped; "
+                                    "its log says why)")
+    return actor
+
+
+def kill(name: str, timeout_s: float = 30.0) -> bool:
+    """Stop the actor ``name`` for good (Ray does not restart it) and wait up to ``timeout_s`` until its name is
+    free for a successor; whether one was running."""
+    actor = running(name)
+    if actor is None:
+        return False
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while running(name) is not None and time.monotonic() < deadline:  # the name is released once the actor is gone
+        time.sleep(0.05)
+    return True
+
+
+def died(exc: BaseException) -> bool:
+    """Whether ``exc`` (raised by ``find``, ``call`` or ``get``) says the actor is gone for good (stopped, or not
+    running): its successor, once started, must be looked up by name again."""
+    cause = exc.__cause__
+    return isinstance(exc, StoreUnavailableError) and not isinstance(exc, DeadlineExceededError) and (
+        cause is None or isinstance(cause, ray.exceptions.ActorDiedError))
+
+
+def send(actor: ActorHandle, method: str, *args: Any, **kwargs: Any) -> ray.ObjectRef:
+    """Start ``actor.method(*args, **kwargs)`` without waiting: its answer is ``get``'s (with a deadline), or
+    nobody's (a notice whose loss the next one makes good)."""
+    return getattr(actor, method).remote(*args, **kwargs)
+
+
+def call(actor: Actor, method: str, *args: Any, timeout_s: float, retry_s: float = 0.0, **kwargs: Any) -> Any:
+    """``actor.method(*args, **kwargs)``'s answer within ``timeout_s`` (see the module's docstring for its errors).
+
+    ``retry_s``: for calls safe to repeat, how long to keep asking again (each attempt with ``timeout_s``) while
+    the actor is unavailable (Ray restarts it) or died for good (``actor`` is then a finder, asked for its
+    successor). A deadline that passes is never retried: the caller learns which actor was slow."""
+    find = None if isinstance(actor, ActorHandle) else actor
+    handle = actor if find is None else find(False)
+    give_up = time.monotonic() + retry_s
+    while True:
+        try:
+            return get(send(handle, method, *args, **kwargs), timeout_s, f"the {_description(handle)}", method,
+                       setting=_SETTING if handle._actor_id in _DESCRIBED else None)
+        except StoreUnavailableError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, DeadlineExceededError) or not isinstance(cause, ray.exceptions.RayActorError) or \
+                    getattr(cause, "_actor_init_failed", False):
+                raise
+            if find is not None and isinstance(cause, ray.exceptions.ActorDiedError):
+                handle = find(True)  # stopped for good: its successor (found, or started) takes the next call
+            if time.monotonic() >= give_up:
+                raise
+        time.sleep(_RETRY_EVERY_S)
+
+
+def get(ref: ray.ObjectRef | Sequence[ray.ObjectRef], timeout_s: float, what: str, method: str | None = None, *,
+        stop: Callable[[], bool] | None = None, setting: str | None = None) -> Any:
+    """The value of ``ref`` (or a list of the values of ``ref``'s refs) within ``timeout_s``; ``what`` names what is
+    waited for (an actor, with ``method`` the call it answers; a snapshot's copy) in the errors.
+
+    ``stop``: asked every 0.1 s while waiting, and the wait ends (None) once it is true; a thread that must stop
+    when Ray shuts down waits this way, never inside ``ray.get`` (which would be left waiting on freed memory).
+    ``setting``: the option that sets ``timeout_s``, named in a DeadlineExceededError."""
+    try:
+        if stop is None:
+            return ray.get(ref, timeout=timeout_s)
+        return _stoppable(ref, timeout_s, stop)
+    except ray.exceptions.GetTimeoutError as exc:
+        if method is None:
+            raise DeadlineExceededError(f"{what} did not arrive within {timeout_s:g} s") from exc
+        raise DeadlineExceededError(
+            f"{what} did not answer {method}() within {timeout_s:g} s{f' ({setting})' if setting else ''}; it may "
+            "be overloaded, stopped, or waiting on a slow tier"
+        ) from exc
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, PolicyStoreError):  # the actor's own error, as itself (not Ray's wrapping)
+            raise exc.cause.with_traceback(None) from None
+        raise
+    except ray.exceptions.ActorDiedError as exc:
+        if exc._actor_init_failed:  # it cannot start (bad settings, unusable folder): say why
+            raise _start_failed(what, exc) from exc
+        raise StoreUnavailableError(_unavailable(what, method, exc)) from exc
+    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+        raise StoreUnavailableError(_unavailable(what, method, exc)) from exc
+
+
+def _stoppable(ref: ray.ObjectRef | Sequence[ray.ObjectRef], timeout_s: float, stop: Callable[[], bool]) -> Any:
+    """``ray.get`` waited for in Python, in slices (see ``get``'s ``stop``)."""
+    futures = [r.future() for r in ([ref] if isinstance(ref, ray.ObjectRef) else ref)]
+    deadline = time.monotonic() + timeout_s
+    values = []
+    for future in futures:
+        while True:
+            try:
+                values.append(future.result(timeout=min(_POLL_S, max(deadline - time.monotonic(), 0.0))))
+                break
+            except concurrent.futures.TimeoutError:
+                if stop():
+                    return None
+                if time.monotonic() >= deadline:
+                    raise ray.exceptions.GetTimeoutError(f"not ready within {timeout_s:g} s") from None
+    return values[0] if isinstance(ref, ray.ObjectRef) else values
+
+
+def _unavailable(what: str, method: str | None, exc: Exception) -> str:
+    during = f" during {method}()" if method else ""
+    return f"{what} stopped or could not be reached{during} ({type(exc).__name__}: {brief(exc)})"
+
+
+def _start_failed(what: str, exc: ray.exceptions.ActorDiedError) -> PolicyStoreError:
+    """The error that stopped an actor's start, as its own policystore class when it is one (a spill folder that
+    cannot be used is a SnapshotFolderError), else StoreUnavailableError; the message keeps the actor's words."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else str(exc)
+    name, _, message = last.partition(": ")
+    cls = getattr(errors, name.rsplit(".", 1)[-1], None)
+    if not (isinstance(cls, type) and issubclass(cls, PolicyStoreError)):
+        cls, message = StoreUnavailableError, last
+    return cls(f"{what} could not start: {message}")
