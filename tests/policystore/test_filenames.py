@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 import policystore
 from policystore.catalog import MAX_REPORTED_VERSION
-from policystore.config import NAMESPACE, store_name
 from policystore.durable import DurableTier, data_version, marker_version
 from policystore.errors import InvalidPolicyIdError
 from policystore.filenames import parse_name, split_name, version_name, version_of
 from policystore.format import pack, parse_header
 from policystore.ids import MAX_VERSION, SnapshotId
+from policystore.remote import NAMESPACE, store_name
 from policystore.spill import file_name, parse_file_name
 
 

@@ -15,11 +15,11 @@ import torch
 from helpers import RESTARTING, eventually
 
 import policystore
-from policystore.config import NAMESPACE, store_name
 from policystore.durable import DurableTier
 from policystore.errors import DiskFullError, SnapshotLostError, SpillFailedError
 from policystore.format import pack, parse_header
 from policystore.ids import SnapshotId
+from policystore.remote import NAMESPACE, store_name
 
 MiB = 1024 * 1024
 
