@@ -158,7 +158,7 @@ def call(actor: Actor, method: str, *args: Any, timeout_s: float, retry_s: float
     ``retry_s``: for calls safe to repeat, how long to keep asking again (each attempt with ``timeout_s``) while
     the actor is unavailable (Ray restarts it) or died for good (``actor`` is then a finder, asked for its
     successor). A deadline that passes is never retried: the caller learns which actor was slow."""
-    find = None if isinstance(actor, ActorHandle) else actor
+    find = actor if callable(actor) and not isinstance(actor, ActorHandle) else None
     handle = actor if find is None else find(False)
     give_up = time.monotonic() + retry_s
     while True:
