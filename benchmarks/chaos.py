@@ -143,7 +143,7 @@ class Learner:
         self.index, self.monitor, self.state_file = index, monitor, state_file
         self.pid = f"learner-{index}"
         self.numel = tensor_bytes // 4
-        from policystore.config import CATALOG_NAME, NAMESPACE
+        from policystore.remote import CATALOG_NAME, NAMESPACE
 
         self.store = policystore.connect()
         self.catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)

@@ -156,8 +156,8 @@ def drive(args) -> None:
 def calibrate(far, nbytes: int) -> dict[str, float]:
     """What the cluster model needs besides the link (``benchmarks.cluster_model --testbed``): an actor call to
     another node, the checksum and copy rates here, the catalog's time per small call with 32 in flight."""
-    from policystore.config import CATALOG_NAME, NAMESPACE
     from policystore.format import pack, verify_buffer
+    from policystore.remote import CATALOG_NAME, NAMESPACE
 
     call_s = statistics.median(harness.timed(lambda: ray.get(far.ping.remote()), 20, warmup=3))
     buf = pack({"w": np.ones(nbytes // 4, dtype=np.float32)}, policy_id="calibration")

@@ -95,7 +95,7 @@ def store_actors(algorithm: Any) -> tuple[tuple[str, str], ...]:
     """(role, actor name) of the league's store on this node and its catalog."""
     import ray
 
-    from policystore.config import catalog_name, store_name
+    from policystore.remote import catalog_name, store_name
     from policystore.rllib import league_store
 
     league = league_store(algorithm).league

@@ -62,7 +62,7 @@ def churn(args: Any, spill: Path, results: harness.Results) -> list[dict[str, An
     import torch
 
     import policystore
-    from policystore.config import CATALOG_NAME, NAMESPACE, store_name
+    from policystore.remote import CATALOG_NAME, NAMESPACE, store_name
 
     durable = spill / "durable"
     store = policystore.connect(policystore.StoreConfig(spill_dir=str(spill / "spill"), durable_uri=str(durable)))

@@ -10,7 +10,7 @@ import numpy as np
 import ray
 from helpers import eventually
 
-from policystore.config import CATALOG_NAME, NAMESPACE, store_name
+from policystore.remote import CATALOG_NAME, NAMESPACE, store_name
 
 IDLE_S = 10.0
 

@@ -21,8 +21,8 @@ import ray  # noqa: E402
 from ray.rllib.callbacks.callbacks import RLlibCallback  # noqa: E402
 
 from examples.rllib_cartpole_league import opponent_mapping, ppo_config  # noqa: E402
-from policystore.config import NAMESPACE, store_name  # noqa: E402
 from policystore.errors import PolicyStoreError  # noqa: E402
+from policystore.remote import NAMESPACE, store_name  # noqa: E402
 from policystore.rllib import (  # noqa: E402
     LeagueError,
     NotSetUpError,
