@@ -76,7 +76,8 @@ def drive(args) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     import policystore
-    from policystore.config import NAMESPACE, StoreConfig, store_name
+    from policystore.config import StoreConfig
+    from policystore.remote import NAMESPACE, store_name
 
     results = harness.Results("fanout_net", args, {})
     ray.init(address=os.environ["NETBED_ADDRESS"], logging_level=logging.WARNING, log_to_driver=False)
