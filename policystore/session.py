@@ -70,7 +70,7 @@ class Session:
             if follower is None:
                 on_deleted = functools.partial(self.drop, deleted=True)
                 follower = self.followers[node_id] = Follower(node_id, config, on_deleted, self.catalog,
-                                                              ready=self._build_ahead)
+                                                              ready=self._build_ahead, held=self.snapshots.get)
             return follower
 
     def _build_ahead(self, snap: Snapshot) -> tuple[Callable[[], nn.Module], nn.Module] | None:

@@ -440,7 +440,8 @@ class Follower:
     protection, then ``ready``, which may build what the process will want of it), so a read of it is a lookup."""
 
     def __init__(self, node_id: str, config: StoreConfig, on_deleted: Callable[[SnapshotId], None],
-                 on_catalog: Callable[[str], None], ready: Callable[[Snapshot], object] | None = None):
+                 on_catalog: Callable[[str], None], ready: Callable[[Snapshot], object] | None = None,
+                 held: Callable[[SnapshotId], Snapshot | None] | None = None):
         self._name = store_name(node_id, config.league or DEFAULT_LEAGUE)
         self._on_catalog = on_catalog  # told the catalog's epoch: a new one numbers versions anew
         self._actor: ray.actor.ActorHandle | None = None  # looked up by name: a store started anew is found
@@ -449,6 +450,7 @@ class Follower:
         self._max_staleness_s = config.max_staleness_s
         self._on_deleted = on_deleted
         self._ready = ready
+        self._held = held  # what the process already opened: a push of it is neither mapped nor built again
         self._map_timeout_s = config.call_timeout_s
         self._lock = threading.Lock()
         self._latest: dict[str, int] = {}
@@ -629,6 +631,10 @@ class Follower:
         with self._lock:
             todo = [(sid, p) for sid, p in self._hot.items() if p.snapshot is None and sid.policy_id in self._reads]
         for sid, pushed in sorted(todo, key=lambda item: -item[0].version):
+            held = self._held(sid) if self._held is not None else None
+            if held is not None and held._header.metadata == pushed.header.metadata:  # (it records the checksum)
+                pushed.snapshot = held  # opened already (it asked the store): nothing to do ahead
+                continue
             try:
                 value = remote.get(pushed.ref, self._map_timeout_s, f"the pushed copy of {sid}",
                                    stop=lambda: self._stop.is_set() or current_ray_session() != session)
