@@ -111,6 +111,7 @@ def drive(args) -> None:
             for round_ in range(args.rounds):
                 rows: dict[str, dict[str, Any]] = {}
                 for way in WAYS:
+                    settle(probes)
                     before = ray.get([p.link_bytes.remote() for p in probes])
                     relayed_before = relayed()
                     verified = None
@@ -152,6 +153,21 @@ def drive(args) -> None:
     finally:
         ray.shutdown()
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def settle(probes: list, quiet_bytes: int = 256 << 10, within_s: float = 120.0) -> None:
+    """Wait until no link moves more than ``quiet_bytes`` in half a second: Ray's object manager goes on pushing
+    chunks it sent again (a loaded machine's retransmissions, re-pulls) after its ``get``s returned, and those
+    must not share the links with, or be counted for, the next way."""
+    last = ray.get([p.link_bytes.remote() for p in probes])
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = ray.get([p.link_bytes.remote() for p in probes])
+        if all(n[0] - b[0] < quiet_bytes and n[1] - b[1] < quiet_bytes for n, b in zip(now, last, strict=True)):
+            return
+        last = now
+    log.warning("the links did not settle within %.0f s", within_s)
 
 
 def calibrate(far, nbytes: int) -> dict[str, float]:
