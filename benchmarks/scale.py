@@ -260,7 +260,7 @@ def fanout(results: harness.Results, args) -> None:
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         if args.serves_per_snapshot:  # e.g. the node count: every store fetches from the publisher (a star)
             ray.get([ray.get_actor(store_name(n), namespace=NAMESPACE).__ray_call__.remote(
-                lambda self, limit=args.serves_per_snapshot: setattr(self.relay, "fanout", limit))
+                lambda self, limit=args.serves_per_snapshot: setattr(self.state.relay, "fanout", limit))
                 for n in nodes])
         head = cluster.head_node.node_id
 

@@ -125,7 +125,7 @@ def test_a_store_killed_mid_durable_publish_leaves_only_what_it_can_serve(make_s
     store.publish("kept", kept, durable=True)
 
     def die_before_commit(server):  # killed when it is about to ask the catalog to commit
-        catalog = server.catalog
+        catalog = server.state.catalog
 
         class Dying:
             def __getattr__(self, name):
@@ -133,13 +133,13 @@ def test_a_store_killed_mid_durable_publish_leaves_only_what_it_can_serve(make_s
                     os.kill(os.getpid(), signal.SIGKILL)
                 return getattr(catalog, name)
 
-        server.catalog = Dying()
+        server.state.catalog = Dying()
 
     def die_before_marker(server):  # killed after the catalog's commit, before the durable marker is written
         def dying(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
 
-        server.durable._put_marker = dying
+        server.state.durable._put_marker = dying
 
     actor = ray.get_actor(store_name(store.node_id), namespace=NAMESPACE)
     pid = actor_pid(store_name(store.node_id))

@@ -148,7 +148,7 @@ def test_fanout_is_a_chain_with_bounded_serves_and_batched_holds(cluster):
     a, b, d = node_ids(c)
     stores = [ray.get_actor(store_name(n), namespace=NAMESPACE) for n in (a, b, d)]
     catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
-    assert ray.get([s.__ray_call__.remote(lambda self: self.relay.fanout) for s in stores]) == [1, 1, 1]
+    assert ray.get([s.__ray_call__.remote(lambda self: self.state.relay.fanout) for s in stores]) == [1, 1, 1]
     assert ray.get(on(a).publish.remote("tree", 4, mib=4)) == 1
     before = [ray.get(s.stats.remote()) for s in stores]
     calls_before = ray.get(catalog.health.remote()).calls
@@ -176,7 +176,8 @@ def test_a_store_that_heard_the_commit_fetches_without_a_lookup_and_asks_when_it
     assert ray.get(publisher.publish.remote("seeded", 2)) == 2
 
     def heard(store) -> int:
-        return ray.get(store.__ray_call__.remote(lambda self: getattr(self._committed.get("seeded"), "version", 0)))
+        return ray.get(store.__ray_call__.remote(
+            lambda self: getattr(self.follower.committed.get("seeded"), "version", 0)))
 
     eventually(lambda: heard(store_b) == heard(store_d) == 2, "both stores heard the commit")
     lookups = ray.get(catalog.health.remote()).calls.get("lookup", 0)
@@ -229,7 +230,7 @@ def _pause_after_spill(flag: str):
     def install(server) -> None:
         import time
 
-        write_temp = server.disk.write_temp
+        write_temp = server.state.disk.write_temp
 
         def paused(*args, **kwargs):
             temp = write_temp(*args, **kwargs)
@@ -237,7 +238,7 @@ def _pause_after_spill(flag: str):
             time.sleep(3600)  # holds the publish here until the kill; the test waits for the flag, not for time
             return temp
 
-        server.disk.write_temp = paused
+        server.state.disk.write_temp = paused
 
     return install
 

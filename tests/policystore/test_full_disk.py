@@ -40,18 +40,18 @@ def _hold_spills(store, gate: str) -> None:
             import time
             while not os.path.exists(gate):
                 time.sleep(0.02)
-        server._writer.submit(wait)
+        server.tiers.writer.submit(wait)
 
     ray.get(_actor(store).__ray_call__.remote(hold))
 
 
 def _waiting_for_room(server) -> bool:
-    """Whether a thread of the store is in ``_make_room`` (a publish waiting for the hot tier)."""
+    """Whether a thread of the store is in ``Tiers.make_room`` (a publish waiting for the hot tier)."""
     import sys
 
     for frame in sys._current_frames().values():
         while frame is not None:
-            if frame.f_code.co_name == "_make_room":
+            if frame.f_code.co_name == "make_room":
                 return True
             frame = frame.f_back
     return False

@@ -87,7 +87,7 @@ def test_a_publish_cut_by_a_store_sigkill_is_a_store_unavailable_error(make_stor
             open(flag, "w").close()
             time.sleep(600)
 
-        server._publish_timed = hang
+        server.publisher._publish_timed = hang
         return os.getpid()
 
     pid = ray.get(store._actor.__ray_call__.remote(hang_in_publish))

@@ -313,7 +313,7 @@ def test_latest_never_fails_on_a_version_deleted_since_the_push_named_it(make_st
     server = ray.get_actor(store_name(store.node_id), namespace=NAMESPACE)
 
     def feed_behind(self):  # the node store's feed, too, has not heard of the delete
-        self.feed.latest = lambda _policy_id, _max_staleness_s: 1
+        self.state.feed.latest = lambda _policy_id, _max_staleness_s: 1
 
     ray.get(server.__ray_call__.remote(feed_behind))
     assert ray.get(server.resolve.remote("p")).id == ("p", 3)
