@@ -121,12 +121,13 @@ class StoreServer:
         """Publish a packed snapshot passed by value (a publisher on another node, or without /dev/shm)."""
         return self.publisher.publish(policy_id, buf, durable)
 
-    def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False) -> SnapshotId:
+    def publish_staged(self, policy_id: str, path: str, nbytes: int, durable: bool = False, hand_back: bool = False
+                       ) -> SnapshotId | HotSnapshot:
         """Publish the snapshot a publisher on this node packed into the first ``nbytes`` of its staging file (the
         file stays: the publisher packs its next snapshot into the same pages). Returns its id, or, ``hand_back``,
         the new snapshot with its ref (if it is still hot), so that a publisher that reads the policy reads its
         own write with no further call (one that only publishes does not borrow it)."""
-        return self.publisher.publish_staged(policy_id, path, nbytes, durable)
+        return self.publisher.publish_staged(policy_id, path, nbytes, durable, hand_back)
 
     def resolve(self, policy_id: str, version: int | None = None) -> HotSnapshot:
         """This node's copy (latest version by default): restored from disk or fetched from another node first if
