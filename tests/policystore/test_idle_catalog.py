@@ -17,7 +17,7 @@ IDLE_S = 10.0
 
 def as_of(store_actor) -> float:
     """When the store last had the catalog's word that it knew everything (its feed's ``as_of``, its clock)."""
-    return ray.get(store_actor.__ray_call__.remote(lambda self: self.feed._as_of))
+    return ray.get(store_actor.__ray_call__.remote(lambda self: self.state.feed._as_of))
 
 
 def catalog_calls(catalog) -> dict[str, int]:
