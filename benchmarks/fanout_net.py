@@ -94,7 +94,7 @@ def drive(args) -> None:
 
         def relayed() -> list[tuple[int, int]]:
             """Per node: the bytes its relay sent, the sources its fetches left for another."""
-            return ray.get([r.__ray_call__.remote(lambda self: (self.relay.sent_bytes, self.relay.resumed))
+            return ray.get([r.__ray_call__.remote(lambda self: (self.state.relay.sent_bytes, self.state.relay.resumed))
                             for r in relays])
 
         source, readers = on(head), [on(n) for n in others]

@@ -185,9 +185,9 @@ def test_a_store_that_heard_the_commit_fetches_without_a_lookup_and_asks_when_it
     assert ray.get(catalog.health.remote()).calls.get("lookup", 0) == lookups
 
     def wrong(self) -> None:  # a hint no copy matches (its checksum): neither a peer's copy nor the durable tier's
-        entry = self._committed["seeded"]
+        entry = self.follower.committed["seeded"]
         summary = dataclasses.replace(entry.summary, checksum="crc32c:00000000")
-        self._committed["seeded"] = dataclasses.replace(entry, summary=summary)
+        self.follower.committed["seeded"] = dataclasses.replace(entry, summary=summary)
 
     ray.get(store_d.__ray_call__.remote(wrong))
     assert ray.get(on(d).get.remote("seeded", 2)) == (2, 2.0, 2.0)
