@@ -4,8 +4,8 @@ Agent 0 plays the trained ``main``; agent 1 plays an opponent: ``main_v0`` (trai
 ``policies_to_train``) until copies are frozen, then the frozen copies in turn. The tests and benchmarks of
 ``policystore.rllib`` build on this config; run it to see the two ways of freezing side by side:
 
-    python examples/rllib_cartpole_league.py --frozen 4            # policystore.rllib.add_frozen
-    python examples/rllib_cartpole_league.py --frozen 4 --stock    # RLlib's add_module + set_state
+    python -m examples.rllib_cartpole_league --frozen 4            # policystore.rllib.add_frozen
+    python -m examples.rllib_cartpole_league --frozen 4 --stock    # RLlib's add_module + set_state
 """
 
 from __future__ import annotations

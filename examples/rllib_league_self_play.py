@@ -16,7 +16,7 @@ Frozen copies that keep training (exploiters, 30% of the time) are trainable mod
 ``add_module`` as before. RLlib's example needs open_spiel (``pip install open_spiel``) for ``markov_soccer``;
 without it this port plays RLlib's built-in TicTacToe and says so.
 
-    python examples/rllib_league_self_play.py --iters 20
+    python -m examples.rllib_league_self_play --iters 20
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ EnvRunner then holds a private copy of every frozen opponent); without it the fr
 node in the store (``add_frozen`` / ``remove_frozen``). The lines that differ are marked ``# stock:`` and
 ``# policystore:``.
 
-    python examples/rllib_nim_league.py --iters 30
-    python examples/rllib_nim_league.py --iters 30 --stock
+    python -m examples.rllib_nim_league --iters 30
+    python -m examples.rllib_nim_league --iters 30 --stock
 """
 
 from __future__ import annotations

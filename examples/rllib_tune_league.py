@@ -7,7 +7,7 @@ under the same module ids (``main_v1``, ``main_v2``, ...) without touching each 
 checkpoint is restored with ``Algorithm.from_checkpoint`` (a new Algorithm, so again a league of its own) and
 trains on with the checkpoint's frozen copies.
 
-    python examples/rllib_tune_league.py --iters 3
+    python -m examples.rllib_tune_league --iters 3
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # address="local": a fresh local Ray, never a cluster that `ray start` left running on this machine.
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
-    store = policystore.connect(policystore.StoreConfig(spill_dir=tempfile.mkdtemp(prefix="policystore-demo-")))
+    spill = tempfile.TemporaryDirectory(prefix="policystore-demo-")  # removed at the end: the demo keeps nothing
+    store = policystore.connect(policystore.StoreConfig(spill_dir=spill.name))
     workers = [RolloutWorker.remote(args.size_mib) for _ in range(args.workers)]
     remote.get([remote.send(w, "__ray_ready__") for w in workers], WAIT_S, "the rollout workers", "__ray_ready__")
     idle = session_pss_bytes()
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     console.print("store:", {k: getattr(store.stats(), k) for k in ("hot_bytes", "hot_snapshots", "hits")})
     store.shutdown()
     ray.shutdown()
+    spill.cleanup()
 
 
 if __name__ == "__main__":

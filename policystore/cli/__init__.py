@@ -155,10 +155,13 @@ def cmd_gc(source: Source, args: argparse.Namespace, out: Output) -> int:
     online = None if args.dry_run else _online(source)
     keep, drop = retention(_rows(online or source, args.policy), args.keep_last, args.keep_meta)
     deleted = [str(s) for row in drop for s in online.delete(row.id, row.id.policy_id)] if online else []
+    # every delete left a tombstone in the durable tier; fold them (and earlier ones) into per-policy floors
+    folded = sum(online.compact_tombstones().values()) if online else 0
     result = {"dry_run": args.dry_run, "kept": [str(r.id) for r in keep], "delete": [str(r.id) for r in drop],
-              "deleted": deleted, "freed_nbytes": sum(r.nbytes for r in drop)}
+              "deleted": deleted, "freed_nbytes": sum(r.nbytes for r in drop), "tombstones_folded": folded}
     verb = "would delete" if args.dry_run else "deleted"
     out.message(result, f"{verb} {len(drop)} snapshots ({size(result['freed_nbytes'])}), kept {len(keep)}"
+                + (f", folded {folded} tombstones" if folded else "")
                 + "".join(f"\n  {verb} {r.id}" for r in drop))
     return EXIT_OK
 

@@ -24,6 +24,7 @@ from ..wire import DURABLE, StoreStats
 from .output import CopyCheck, FolderStats, Row, UsageError, Verified, record
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # a private Ray for one offline change: snapshots it serves stay on disk
+COMPACT_TIMEOUT_S = 120.0  # folding a policy's tombstones lists and deletes one object per deleted version
 RUN_LOCK = ".lock"  # held (flock) by a trainer in its run folder, the parent of the run's store
 
 
@@ -138,6 +139,13 @@ class ClusterSource(Source):
 
     def delete(self, sid: SnapshotId | None, policy_id: str) -> list[SnapshotId]:
         return [SnapshotId(*s) for s in self.local.delete(policy_id, sid.version if sid else None)]
+
+    def compact_tombstones(self) -> dict[str, int]:
+        """Fold the durable tier's tombstones into one floor per policy (the catalog's job, since only it knows
+        what is still live): the objects removed per policy; nothing without a durable tier."""
+        from ..remote import call, catalog_name, find
+
+        return call(find(catalog_name(self.local.league)), "compact_tombstones", timeout_s=COMPACT_TIMEOUT_S)
 
 
 class LocalSource(ClusterSource):

@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from policystore.cli import EXIT_OK, EXIT_USAGE
+from policystore.durable import FLOOR_SUFFIX, TOMBSTONE_SUFFIX, DurableTier
+from policystore.filenames import version_name
+from policystore.format import pack, parse_header
+from policystore.ids import SnapshotId
 
 ROOT = Path(__file__).resolve().parents[2]
 LEAGUE = """
@@ -67,3 +72,21 @@ def test_a_folder_a_running_trainer_holds_is_refused(run):
         result = cli("--dir", str(run), "rm", "main_0", "4")
     assert result.returncode == EXIT_USAGE and "a trainer runs in" in result.stderr
     assert versions(run) == before
+
+
+def test_gc_on_a_durable_tier_folds_the_tombstones_of_its_deletes(tmp_path):
+    """Each delete leaves a tombstone in the durable tier; gc folds them into the policy's floor, so the tier does
+    not keep a file per deleted version, and the deleted versions stay deleted."""
+    durable = tmp_path / "durable"
+    tier = DurableTier.open(str(durable))
+    for version in (1, 2, 3, 4):
+        buf = pack({"w": np.full(4, version, dtype=np.float32)}, policy_id="main_0", meta={})
+        tier.write(SnapshotId("main_0", version), buf, parse_header(buf, name=f"main_0@v{version}"))
+    result = cli("--dir", str(durable), "--json", "gc", "--keep-last", "1")
+    assert result.returncode == EXIT_OK, result.stderr
+    out = json.loads(result.stdout)
+    assert out["deleted"] == ["main_0@v1", "main_0@v2", "main_0@v3"] and out["tombstones_folded"] >= 3
+    names = sorted(p.name for p in (durable / "main_0").iterdir())
+    assert not [n for n in names if n.endswith(TOMBSTONE_SUFFIX)], names
+    assert [n for n in names if n.endswith(FLOOR_SUFFIX)] == [version_name(3, FLOOR_SUFFIX)], names
+    assert versions(durable) == [4]
