@@ -6,12 +6,14 @@ per hop, where a store-and-forward tree pays a whole copy per level and a star (
 n copies on the publisher's link. Every node's uplink carries at most ``fanout`` copies.
 
 Control: a fetching store asks a holder's store to ``route`` it (an actor call). A holder that serves fewer than
-``fanout`` nodes of that snapshot serves the requester itself; else it points it at the oldest node it routed
-that still has a free slot (breadth first: with ``fanout`` 1 that is the chain's end), whose copy may still be
-landing. Data: the requester connects to the holder's ``Relay`` (one listening socket per store), names the
-snapshot and an offset, and receives the bytes from there as they land at the holder. A source that fails or
-stalls mid-way costs no bytes already received: the requester resumes at its offset from the next holder, and
-as a last resort asks a holder to serve it beyond its share (``force``).
+``fanout`` nodes of that snapshot serves the requester itself; else it points it at the oldest node it routed that
+still has a free slot (breadth first: with ``fanout`` 1 that is the chain's end), whose copy may still be landing.
+Data: the requester connects to the holder's ``Relay`` (one listening socket per store), names the snapshot and an
+offset, and receives the bytes from there as they land at the holder. The listening socket serves only requests
+that carry the holder's ticket, a random secret it hands out with ``route`` (an actor call, so through Ray's own
+authentication): whoever can reach the port but cannot call the store reads nothing. A source that fails or stalls
+mid-way costs no bytes already received: the requester resumes at its offset from the next holder, and as a last
+resort asks a holder to serve it beyond its share (``force``).
 
 Bytes only: the receiving store parses, checksums and ``ray.put``s its own copy (``server._own_copy``), so a node's
 copy never depends on its source. No pickle: a request is a length-prefixed key and an offset; an answer is the
@@ -20,8 +22,10 @@ snapshot's length, then its bytes.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import random
+import secrets
 import socket
 import struct
 import threading
@@ -47,7 +51,8 @@ SEND_SLICE = 4 << 20  # the most bytes one send hands the kernel (the rest as mo
 # fewer wake-ups and larger sends where the CPU, not the link, is short; each hop then trails by up to this much
 # (4 ms at 500 Mbit/s, 0.1 ms at 25 Gbit/s).
 WAKE_BYTES = 256 << 10
-_REQUEST = struct.Struct("!HQ")  # key length, offset
+TICKET_BYTES = 16
+_REQUEST = struct.Struct(f"!{TICKET_BYTES}sHQ")  # the holder's ticket, key length, offset
 _ANSWER = struct.Struct("!q")  # total bytes; -1: not here (followed by a reason of at most 1 KiB)
 
 
@@ -57,10 +62,12 @@ class TransferError(PolicyStoreError):
 
 @dataclass(frozen=True)
 class Route:
-    """A holder's answer to ``route``: stream from ``address`` (host, port), or ask node ``instead``."""
+    """A holder's answer to ``route``: stream from ``address`` (host, port) showing ``ticket``, or ask node
+    ``instead``."""
 
     address: tuple[str, int] | None = None
     instead: str | None = None
+    ticket: bytes = b""
 
 
 def key(sid: SnapshotId) -> str:
@@ -138,6 +145,7 @@ class Relay:
         self.resumed = 0  # sources this store's fetches left mid-way (or found without a copy) for another
         self._listener = socket.create_server((host, 0), backlog=256)
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
+        self.ticket = secrets.token_bytes(TICKET_BYTES)
         threading.Thread(target=self._accept, name="policystore-relay", daemon=True).start()
 
     # ---- routing -------------------------------------------------------------------------------------------
@@ -149,15 +157,19 @@ class Relay:
                 if requester not in routes.served:
                     routes.served.append(requester)
                     routes.open.append([requester, self.fanout])
-                return Route(address=self.address)
+                return self.here()
             while routes.open and (routes.open[0][1] <= 0 or routes.open[0][0] == requester):
                 routes.open.popleft()
             if not routes.open:  # every node it knows of is full: serve beyond the share rather than loop
-                return Route(address=self.address)
+                return self.here()
             slot = routes.open[0]
             slot[1] -= 1
             routes.open.append([requester, self.fanout])
             return Route(instead=slot[0])
+
+    def here(self) -> Route:
+        """The answer that sends a requester to this store's socket."""
+        return Route(address=self.address, ticket=self.ticket)
 
     def served_most(self) -> int:
         """The most nodes this store served directly for one snapshot."""
@@ -194,7 +206,7 @@ class Relay:
                         if route.instead not in asked:
                             todo.insert(0, route.instead)
                         continue
-                    self._receive(sid, route.address, landing)
+                    self._receive(sid, route, landing)
                     return landing.buf
                 except Exception as exc:  # dead, stalled, no copy: the next holder, from the same offset
                     problems.append(f"node {node}: {type(exc).__name__}: {brief(exc)}")
@@ -211,10 +223,10 @@ class Relay:
                 if self._landing.get(key(sid)) is landing:
                     del self._landing[key(sid)]
 
-    def _receive(self, sid: SnapshotId, address: tuple[str, int], landing: Landing) -> None:
-        with socket.create_connection(address, timeout=STALL_S) as conn:
+    def _receive(self, sid: SnapshotId, route: Route, landing: Landing) -> None:
+        with socket.create_connection(route.address, timeout=STALL_S) as conn:
             name = key(sid).encode()
-            conn.sendall(_REQUEST.pack(len(name), landing.filled) + name)
+            conn.sendall(_REQUEST.pack(route.ticket, len(name), landing.filled) + name)
             total = _ANSWER.unpack(_read(conn, _ANSWER.size))[0]
             if total < 0:
                 raise SnapshotLostError(_read(conn, 1024, exact=False).decode(errors="replace"))
@@ -239,8 +251,11 @@ class Relay:
         with conn:
             try:
                 conn.settimeout(STALL_S)
-                length, offset = _REQUEST.unpack(_read(conn, _REQUEST.size))
-                name = _read(conn, length).decode()
+                ticket, length, offset = _REQUEST.unpack(_read(conn, _REQUEST.size))
+                name = _read(conn, length).decode(errors="replace")  # read whole: a refusal must reach the peer
+                if not hmac.compare_digest(ticket, self.ticket):
+                    conn.sendall(_ANSWER.pack(-1) + b"refused: a request without this store's ticket")
+                    return
                 with self._lock:
                     landing = self._landing.get(name)
                 if landing is not None:

@@ -25,15 +25,15 @@ def relay(copy=None, fanout: int = 1) -> Relay:
 
 def test_routes_form_a_chain_and_a_breadth_first_tree():
     chain = relay()
-    assert chain.route(SID, "b") == Route(address=chain.address)
+    assert chain.route(SID, "b") == chain.here()
     assert chain.route(SID, "c") == Route(instead="b")
     assert chain.route(SID, "d") == Route(instead="c")
-    assert chain.route(SID, "b") == Route(address=chain.address)  # asked again: the same answer
-    assert chain.route(SID, "e", force=True) == Route(address=chain.address)
+    assert chain.route(SID, "b") == chain.here()  # asked again: the same answer
+    assert chain.route(SID, "e", force=True) == chain.here()
     assert chain.served_most() == 2
     tree = relay(fanout=2)
     answers = [tree.route(SID, n) for n in "bcdefgh"]
-    assert answers[:2] == [Route(address=tree.address)] * 2
+    assert answers[:2] == [tree.here()] * 2
     assert [a.instead for a in answers[2:]] == ["b", "b", "c", "c", "d"]
 
 
@@ -46,7 +46,7 @@ def test_a_node_serves_what_it_is_still_receiving():
     b._landing[key(SID)] = landing
     got: list = []
     fetch = threading.Thread(target=lambda: got.append(
-        c.fetch(SID, ["b"], lambda _n, _f: Route(address=b.address), [])))
+        c.fetch(SID, ["b"], lambda _n, _f: b.here(), [])))
     fetch.start()
     step = 1 << 20
     for pos in range(0, data.nbytes, step):
@@ -71,7 +71,7 @@ def test_a_failed_source_costs_no_bytes_already_received():
     threading.Timer(0.3, half.fail, args=("its source died",)).start()
     sources = iter([broken, whole])
     problems: list[str] = []
-    got = fetcher.fetch(SID, ["broken", "whole"], lambda _n, _f: Route(address=next(sources).address), problems)
+    got = fetcher.fetch(SID, ["broken", "whole"], lambda _n, _f: next(sources).here(), problems)
     assert np.array_equal(got, data)
     assert whole.sent_bytes == data.nbytes - (1 << 20)  # resumed at the offset it had
     assert len(problems) == 1 and "closed the stream" in problems[0]
@@ -80,5 +80,17 @@ def test_a_failed_source_costs_no_bytes_already_received():
 def test_a_source_without_a_copy_is_skipped_and_none_is_an_error_not_a_wait():
     empty, fetcher = relay(), relay()
     problems: list[str] = []
-    assert fetcher.fetch(SID, ["empty"], lambda _n, _f: Route(address=empty.address), problems) is None
+    assert fetcher.fetch(SID, ["empty"], lambda _n, _f: empty.here(), problems) is None
     assert "SnapshotLostError" in problems[0] and "no copy of p@3" in problems[0]
+
+
+def test_a_request_without_the_holders_ticket_reads_nothing():
+    """The socket is reachable by anyone on the network; only a store that got the ticket through ``route`` (an
+    actor call) is served."""
+    data = payload(1 << 20)
+    holder, fetcher = relay(copy=data), relay()
+    problems: list[str] = []
+    forged = Route(address=holder.address, ticket=bytes(len(holder.ticket)))
+    assert fetcher.fetch(SID, ["holder"], lambda _n, _f: forged, problems) is None
+    assert holder.sent_bytes == 0 and "ticket" in problems[0]
+    assert np.array_equal(fetcher.fetch(SID, ["holder"], lambda _n, _f: holder.here(), []), data)
