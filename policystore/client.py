@@ -26,6 +26,7 @@ from .errors import (
     ConfigError,
     CorruptSnapshotError,
     DeadlineExceededError,
+    SnapshotLostError,
     StoreUnavailableError,
     UnknownVersionError,
 )
@@ -278,7 +279,8 @@ class PolicyStore:
         from another node, if this node's store does not hold it in memory.
 
         "Latest" is at most ``StoreConfig.max_staleness_s`` old (never older than this process's own publishes,
-        and never older than a version this process already got).
+        and never older than a version this process already got, unless that version was deleted or no copy of it
+        is left: then the newest readable one).
         """
         check_policy_id(policy_id)
         session = self._live()
@@ -288,8 +290,8 @@ class PolicyStore:
         if heard is not None:
             try:
                 return self._get_version(session, SnapshotId(policy_id, heard))
-            except UnknownVersionError:  # deleted after the push named it: "latest" is the store's to say
-                log.info("policystore: %s@v%d was deleted since the push named it; asking the store", policy_id, heard)
+            except (UnknownVersionError, SnapshotLostError):  # deleted (or lost) since the push named it: "latest"
+                log.info("policystore: %s@v%d is gone since the push named it; asking the store", policy_id, heard)
         return self._resolve(session, policy_id, None)
 
     def _get_version(self, session: Session, sid: SnapshotId) -> Snapshot:
@@ -341,8 +343,8 @@ class PolicyStore:
             if version is None and sid.version < floor:  # that store is behind this process: ask for what we saw
                 try:
                     return self._resolve(session, policy_id, floor)
-                except UnknownVersionError:  # deleted meanwhile: the store's answer is the latest after all
-                    session.lower(policy_id, floor, sid.version)
+                except (UnknownVersionError, SnapshotLostError):  # deleted, or no copy serves it: the store's
+                    session.lower(policy_id, floor, sid.version)     # answer is the latest readable after all
             if version is None:
                 session.saw(sid)
             snap = session.snapshots.get(sid)

@@ -106,8 +106,8 @@ class Session:
                 self.seen[sid.policy_id] = sid.version
 
     def lower(self, policy_id: str, floor: int, version: int) -> None:
-        """Version ``floor`` of ``policy_id`` was deleted and ``version`` is the latest: lower the floor to it,
-        unless this process has seen a later one meanwhile."""
+        """Version ``floor`` of ``policy_id`` was deleted (or lost) and ``version`` is the latest: lower the floor to
+        it, unless this process has seen a later one meanwhile."""
         with self.lock:
             if self.seen.get(policy_id, 0) == floor:
                 self.seen[policy_id] = version

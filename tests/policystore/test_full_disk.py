@@ -131,6 +131,8 @@ def test_a_version_no_copy_can_serve_is_marked_lost_and_never_latest(make_store,
     # another process (this one never reads older than its own publishes): latest is the newest readable version
     latest, got, w = ray.get(_fresh_reader.remote("kept"))
     assert (latest, got) == (1, 1) and torch.equal(w, _weights(1)["w"])
+    # this process too, although it published v2: a version no copy serves is not a floor for "latest"
+    assert store.get("kept").id.version == 1
     with pytest.raises(SnapshotLostError):
         store.get("kept", 2)
     assert store.publish("kept", _weights(3)).version == 3  # numbers are never reused
