@@ -196,7 +196,12 @@ class DurableTier:
                 before_marker()
             committing = True
             _io(lambda: self._put_marker(sid, commit), f"commit {what}")
-            if self.deleted(sid):  # deleted while this write was under way: the tombstone wins
+            try:
+                deleted = self.deleted(sid)
+            except DurableTierError as exc:  # committed, unchecked: as when a marker's reply is lost
+                raise DurableTierError(f"{what}: committed, but whether it was deleted meanwhile could not be "
+                                       f"checked (a later list tells): {exc}") from exc
+            if deleted:  # deleted while this write was under way: the tombstone wins
                 raise DurableTierError(f"{what} was deleted while it was being written: undone")
         except BaseException:
             self._undo(sid, path, committing)

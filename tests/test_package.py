@@ -95,8 +95,10 @@ def test_core_imports_in_a_venv_with_only_the_core_installed(wheel, tmp_path):
     requires = zipfile.ZipFile(wheel).read(f"policystore-{policystore.__version__}.dist-info/METADATA").decode()
     core = [Requirement(line.split(":", 1)[1]) for line in requires.splitlines() if line.startswith("Requires-Dist:")]
     _link_distributions(_closure(core), site)
+    # --ignore-installed: pip --python runs from this venv's site-packages, where the editable policystore is
+    # already installed at the same version (pip would then skip the wheel and install nothing)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
-                    str(wheel)], check=True, timeout=120)
+                    "--ignore-installed", str(wheel)], check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     check = """
 import importlib, sys
