@@ -33,7 +33,6 @@ RECORD = Path("/tmp/ray/ray_current_cluster")
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_quick_network_fanout_gives_every_node_its_own_copy_and_leaves_nothing(tmp_path):
     tag = f"t{uuid.uuid4().hex[:3]}"
-    record_before = RECORD.read_text() if RECORD.exists() else None
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.fanout_net", "--quick", "--tag", tag, "--out", str(tmp_path / "out")],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300,
@@ -51,4 +50,6 @@ def test_quick_network_fanout_gives_every_node_its_own_copy_and_leaves_nothing(t
     assert all(mib >= size for mib in moved["policystore"]["recv_mib"][1:]), moved["policystore"]
     assert all(mib >= size for mib in moved["ray_get"]["recv_mib"][1:]), moved["ray_get"]
     assert json.loads(netbed("--leftovers", tag).stdout) == []
-    assert (RECORD.read_text() if RECORD.exists() else None) == record_before
+    # no record of the testbed's cluster (its subnet, benchmarks.netbed.SUBNET) in Ray's default temp folder; other
+    # test files' local Rays may write and remove their own record meanwhile, so only the testbed's is checked
+    assert "10.213.41." not in (RECORD.read_text() if RECORD.exists() else "")
