@@ -14,7 +14,7 @@ round, in an order that rotates, so that no case gets a quieter machine than ano
   noop_actor_call       floor: an actor call that does nothing (a path with one round trip pays at least this)
   ray_get_borrowed_ref  floor: ``ray.get`` of a ref the worker already holds, of another actor's object
 
-Goals (issue 40; the run states each one's ratio and whether it is met, in its rows and its table's notes):
+Goals (the run states each one's ratio and whether it is met, in its rows and its table's notes):
 played_update at most 0.5x Ray's way at every size; first_open at most 1 ms at 1 MiB and at most 1.0x Ray's way
 from 16 MiB; latest_after_publish at most 1.2x first_open. Each size runs in a fresh Ray session. Latencies on a
 shared machine are noisy: every row carries the 1-minute load average; compare ratios from one run only.
@@ -133,7 +133,7 @@ class Reader:
 
 
 def goals(p50: dict[str, float], size_mib: int) -> dict[str, tuple[float, float, str]]:
-    """Per store case: (its ratio, the goal's bound, what the ratio is of), as issue 40 states the goals."""
+    """Per store case: (its ratio, the goal's bound, what the ratio is of), as the goals are stated above."""
     ray_ms = p50["ray_broadcast"]
     out = {"played_update": (p50["played_update"] / ray_ms, 0.5, "x Ray's way")}
     if size_mib <= 1:  # an absolute bound at 1 MiB: "ratio" is the p50 itself
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
             notes += run_size(results, size, args)
             bar.advance(task)
     results.finish(["case", "snapshot_mib", "samples", "p50_ms", "p99_ms", "min_ms", "x_ray", "goal", "goal_ratio",
-                    "goal_met", "loadavg_1m"], plot, notes=["Goals (issue 40):", *(f"- {n}" for n in notes)])
+                    "goal_met", "loadavg_1m"], plot, notes=["Goals:", *(f"- {n}" for n in notes)])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Timed inside a learner actor, per snapshot size (p50/p99 over --repeats, fewer f
                     happens in the background
   durable_ms        store.publish(..., durable=True): also written, checksummed and fsync'd before returning
   publish_x_memcpy  publish_ms / memcpy_ms
-  goal, goal_met    issue 40's goal for a non-durable publish: at most 3 ms at 1 MiB (and below), at most 3x a
+  goal, goal_met    the goal for a non-durable publish: at most 3 ms at 1 MiB (and below), at most 3x a
                     memcpy above; each size's row states it and whether it is met (also in the table's notes)
   noop_call_ms      floor: ray.get of an actor call that does nothing (a publish makes two: store, catalog)
 Between samples (untimed) the learner waits for background spills and deletes the version it published, so
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     harness.setup_logging(args.verbose)
     results = harness.Results("publish", args, {k: v for k, v in vars(args).items() if k != "out"})
     biggest = NetSpec.for_bytes(args.arch, max(args.sizes_mib) * MiB).nbytes
-    notes = ["Goals (issue 40):"]
+    notes = ["Goals:"]
     with harness.ray_session(4 * biggest + 256 * MiB) as spill_dir, harness.progress() as bar:
         policystore.connect(policystore.StoreConfig(hot_capacity_bytes=2 * biggest + 16 * MiB,
                                                     spill_dir=str(spill_dir)))

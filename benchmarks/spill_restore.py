@@ -15,7 +15,7 @@ restore rows (per size, kind random or pruned, lz4 off/on, page cache cold/warm)
                  DiskTier.restore(..., put=ray.put) (read, lz4, checksums, the copy into the object store)
   raw_read_gbps  file bytes / time to read the same file into a preallocated buffer
   ratio          restore_gbps / raw_read_gbps; tier_ratio: the same for tier_gbps
-  goal_met       ratio >= 0.8 (issue 40's goal, warm and cold)
+  goal_met       ratio >= 0.8 (the goal, warm and cold)
 The three take turns sample by sample (store.get, raw read, tier restore), so none gets a quieter machine.
 Cold reads drop the file from the page cache first (posix_fadvise DONTNEED; no root needed).
 --quick runs lz4 on only (random weights are still stored raw: they do not compress).
