@@ -19,6 +19,7 @@ import numpy as np
 ROWS = 6
 COLS = 7
 NUM_PLANES = 5  # input planes of the policy net, see observation_planes
+SYMBOLS = {0: ".", 1: "X", 2: "O"}  # render: empty, player 1, player 2
 _H1 = ROWS + 1  # bits per column including the sentinel
 # Bit distance between neighbours: vertical, horizontal, and the two diagonals.
 _SHIFTS = (np.uint64(1), np.uint64(_H1), np.uint64(_H1 - 1), np.uint64(_H1 + 1))
@@ -58,6 +59,8 @@ class VecConnectFour:
 
     max_moves = ROWS * COLS
     num_actions = COLS
+    obs_dtype = np.bool_  # the planes are 0/1
+    max_return = 1.0      # a win
 
     def __init__(self, num_envs: int):
         if num_envs < 1:
@@ -108,6 +111,17 @@ class VecConnectFour:
     def planes(self, env_ids: np.ndarray) -> np.ndarray:
         """The policy net's input for the listed games (see ``observation_planes``)."""
         return observation_planes(self, env_ids)
+
+    @property
+    def returns(self) -> np.ndarray:
+        """Player 1's return per game: +1 for a win, -1 for a loss, 0 for a draw or a game still running."""
+        return np.where(self.winner == 1, 1.0, np.where(self.winner == 2, -1.0, 0.0)).astype(np.float32)
+
+    def render(self, env_id: int, player: int | None = None) -> str:
+        """Game ``env_id`` as text: X the first player, O the second, the column numbers under the board (every
+        ``player`` sees the same)."""
+        rows = [" ".join(SYMBOLS[int(v)] for v in row) for row in self.boards[env_id]]
+        return "\n".join(rows + [" ".join(str(c) for c in range(COLS))])
 
     def step(self, actions: np.ndarray, env_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Play ``actions[i]`` in game ``env_ids[i]``; returns ``(done, winner)`` for those games."""

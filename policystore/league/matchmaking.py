@@ -96,6 +96,9 @@ class MatchResult:
     draws: int
     losses: int
     steps: int          # env steps (moves of both sides) the match took
+    # the learner's points, per game (1 + return / max_return) / 2: for win/loss games wins + draws / 2 (None: that);
+    # in poker the chips won, so the payoff and PFSP see by how much a player wins, not only how often
+    score: float | None = None
 
 
 @dataclass
@@ -246,7 +249,7 @@ class League:
         for name in (result.learner, result.opponent):
             if name not in self.players:
                 raise KeyError(f"result names unknown player {name!r}")
-        self.payoff.update(result.learner, result.opponent, result.wins, result.draws, result.losses)
+        self.payoff.update(result.learner, result.opponent, result.wins, result.draws, result.losses, result.score)
         self.elo.update(result.learner, result.opponent, result.wins, result.draws, result.losses)
         player = self.players[result.learner]
         player.steps += result.steps

@@ -37,6 +37,9 @@ def _env_factory(name: str) -> Callable[[], Any]:
 class PettingZooVec:
     """``num_envs`` instances of a two-player PettingZoo AEC game, as one batch."""
 
+    obs_dtype = np.bool_  # classic board planes are 0/1
+    max_return = 1.0      # the winner's reward
+
     def __init__(self, make_env: Callable[[], Any], num_envs: int, seed: int = 0):
         self.envs = [make_env() for _ in range(num_envs)]
         self.num_envs = num_envs
@@ -60,6 +63,7 @@ class PettingZooVec:
         self.winner = np.zeros(num_envs, dtype=np.int8)
         self.to_move = np.ones(num_envs, dtype=np.int8)
         self.moves = np.zeros(num_envs, dtype=np.int16)
+        self.returns = np.zeros(num_envs, dtype=np.float32)  # player 1's
         self.reset()
 
     def _ids(self, env_ids: np.ndarray | None) -> np.ndarray:
@@ -69,7 +73,7 @@ class PettingZooVec:
         for i in self._ids(env_ids):
             env = self.envs[i]
             env.reset(seed=self.seed + int(i))
-            self.done[i], self.winner[i], self.moves[i] = False, 0, 0
+            self.done[i], self.winner[i], self.returns[i], self.moves[i] = False, 0, 0.0, 0
             self.to_move[i] = self.agents.index(env.agent_selection) + 1
 
     def legal_mask(self, env_ids: np.ndarray | None = None) -> np.ndarray:
@@ -84,6 +88,15 @@ class PettingZooVec:
     def planes(self, env_ids: np.ndarray) -> np.ndarray:
         obs = [self.envs[i].observe(self.envs[i].agent_selection)["observation"] for i in self._ids(env_ids)]
         return np.moveaxis(np.stack(obs), -1, 1).astype(np.float32)
+
+    def render(self, env_id: int, player: int | None = None) -> str:
+        """Game ``env_id``'s board as text, X for player 1's pieces and O for player 2's (from the observation's
+        first two planes: the mover's pieces, the opponent's)."""
+        env = self.envs[env_id]
+        planes = env.observe(env.agent_selection)["observation"]
+        mine, theirs = ("X", "O") if self.to_move[env_id] == 1 else ("O", "X")
+        rows = [" ".join(mine if cell[0] else theirs if cell[1] else "." for cell in row) for row in planes]
+        return "\n".join(rows)
 
     def step(self, actions: np.ndarray, env_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         ids = self._ids(env_ids)
@@ -103,6 +116,7 @@ class PettingZooVec:
                 seat = self.agents.index(mover) + 1
                 self.done[i] = True
                 self.winner[i] = seat if reward > 0 else (3 - seat if reward < 0 else 0)
+                self.returns[i] = reward if seat == 1 else -reward
             elif self.moves[i] >= self.max_moves:
                 raise ValueError(f"game {i} went past {self.max_moves} moves without ending: "
                                  "only board games that fill a cell per move are supported")

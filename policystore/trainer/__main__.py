@@ -20,7 +20,8 @@ import dataclasses
 import sys
 
 from policystore import logs
-from policystore.league.games import CONNECT4, get_game
+from policystore.league.games import CONNECT4, GAME_HELP, get_game
+from policystore.league.vecgame import check_game
 from policystore.trainer.config import DEFAULT_MINUTES, TrainConfig
 from policystore.trainer.run import train_in
 from policystore.trainer.rundir import prepare_run_dir
@@ -40,8 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"training time (default {DEFAULT_MINUTES:g}; with --resume: the saved run's value)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir with its saved config (only --minutes applies)")
-    p.add_argument("--game", default=d.game, help="connect4 (default), or pettingzoo:<classic env> such as "
-                   "pettingzoo:tictactoe_v3 (needs the pettingzoo extra; far slower)")
+    p.add_argument("--game", default=d.game, help=f"{GAME_HELP} (default {d.game}; docs/own-game.md)")
     p.add_argument("--workers", type=int, default=d.workers, help=f"rollout workers (default {d.workers})")
     p.add_argument("--games-per-match", type=int, default=d.games_per_match,
                    help=f"games a worker plays at once per match (default {d.games_per_match})")
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     config = None
     if not args.resume:
         with bad_input(PROG, f"--game {args.game}"):
-            get_game(args.game).make(1)  # the game exists, is installed and is a turn-based board game
+            check_game(get_game(args.game))  # it exists, is installed, and the league can play it
         with bad_input(PROG):
             config = config_from_args(args)
     with bad_input(PROG, "--run-dir"):

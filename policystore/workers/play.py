@@ -53,9 +53,10 @@ def scripted_policy(player: Player, rng: np.random.Generator) -> Policy:
 class Trajectories:
     """One side's moves in a batch of games, kept per game in move order (for GAE)."""
 
-    def __init__(self, num_games: int, plane_shape: tuple[int, ...], num_actions: int, max_moves: int):
-        t = (max_moves + 1) // 2  # the first mover's share
-        self.planes = np.zeros((num_games, t, *plane_shape), dtype=bool)
+    def __init__(self, num_games: int, plane_shape: tuple[int, ...], num_actions: int, max_moves: int,
+                 obs_dtype: type = np.bool_):
+        t = max_moves  # a side may move several times in a row (poker), so up to all of a game's moves
+        self.planes = np.zeros((num_games, t, *plane_shape), dtype=obs_dtype)
         self.legal = np.zeros((num_games, t, num_actions), dtype=bool)
         self.actions = np.zeros((num_games, t), dtype=np.int64)
         self.logp = np.zeros((num_games, t), dtype=np.float32)
@@ -82,10 +83,11 @@ class Trajectories:
 
 @dataclass
 class Outcome:
-    wins: int           # from side 0's view
+    wins: int           # from side 0's view: games with a positive return
     draws: int
     losses: int
     steps: int          # moves played by both sides
+    score: float        # side 0's points: per game (1 + return / max_return) / 2, so 1 a win, 0.5 a draw
     batch: dict[str, np.ndarray] | None   # side 0's moves (and side 1's if it was recorded too)
 
 
@@ -99,7 +101,8 @@ def mirror(planes: np.ndarray, legal: np.ndarray, flip: np.ndarray) -> tuple[np.
 def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool] = (False, False),
          gamma: float = 0.99, lam: float = 0.95, mirror_rng: np.random.Generator | None = None,
          opening: Callable[[VecGame], None] | None = None) -> Outcome:
-    """Play every game in ``env`` to the end: side 0 moves first in even games, second in odd ones.
+    """Play every game in ``env`` to the end: side 0 moves first in even games, second in odd ones. Each game's
+    return (``env.returns``, scaled by ``env.max_return``) is the reward of its last move for each side.
 
     ``record[s]`` keeps side ``s``'s moves for training; the batch holds both sides' moves when both are
     recorded (self-play, where each side's moves train the same player).
@@ -118,7 +121,8 @@ def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool
         opening(env)
     opened = env.moves.copy()
     seat0 = np.where(np.arange(n) % 2 == 0, 1, 2).astype(np.int8)  # side 0's player number per game
-    recorders = [Trajectories(n, env.plane_shape, env.num_actions, env.max_moves) if r else None for r in record]
+    recorders = [Trajectories(n, env.plane_shape, env.num_actions, env.max_moves, env.obs_dtype) if r else None
+                 for r in record]
     same = policies[0] is policies[1]
     while True:
         ids = np.flatnonzero(~env.done)
@@ -147,9 +151,9 @@ def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool
                 if mine.any():
                     rec.add(ids[sel][mine], seen[mine], seen_legal[mine], a[mine], logp[mine], values[mine])
         env.step(actions, ids)
-    reward0 = np.where(env.winner == seat0, 1.0, np.where(env.winner == 0, 0.0, -1.0))
+    reward0 = np.where(seat0 == 1, env.returns, -env.returns) / env.max_return  # side 0's return, in [-1, 1]
     batches = [rec.finish(reward0 if s == 0 else -reward0, gamma, lam)
                for s, rec in enumerate(recorders) if rec is not None]
     batch = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]} if batches else None
     return Outcome(int((reward0 > 0).sum()), int((reward0 == 0).sum()), int((reward0 < 0).sum()),
-                   int((env.moves - opened).sum()), batch)
+                   int((env.moves - opened).sum()), float((1.0 + reward0).sum() / 2), batch)

@@ -85,7 +85,7 @@ class RolloutWorker:
         self.steps += outcome.steps
         self.matches += 1
         return MatchResult(match.learner, match.opponent, outcome.wins, outcome.draws, outcome.losses,
-                           outcome.steps)
+                           outcome.steps, outcome.score)
 
     def opening(self) -> Callable[[VecGame], None] | None:
         """This match's random openings: ``opening_share`` of the games, each of a uniform length."""

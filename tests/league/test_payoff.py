@@ -69,3 +69,17 @@ def test_payoff_rejects_bad_updates():
         payoff.update("a", "a", -1, 0, 0)
     with pytest.raises(ValueError, match="decay"):
         Payoff(decay=0.0)
+
+
+def test_a_game_that_pays_amounts_scores_by_the_amount_and_old_states_still_load():
+    payoff = Payoff(decay=1.0)
+    for name in ("a", "b"):
+        payoff.add_player(name)
+    # 10 poker hands: a won 4, lost 6, but its points (chips scaled to [0, 1] per hand) come to 6.5 of 10
+    payoff.update("a", "b", wins=4, draws=0, losses=6, score=6.5)
+    assert payoff.win_rate("a", "b") == pytest.approx(0.65) and payoff.win_rate("b", "a") == pytest.approx(0.35)
+    with pytest.raises(ValueError, match="must lie in"):
+        payoff.update("a", "b", wins=1, draws=0, losses=0, score=2.0)
+    old = {"decay": 1.0, "players": ["a", "b"], "wins": [[0, 3], [1, 0]], "draws": [[0, 2], [2, 0]],
+           "games": [[0, 6], [6, 0]], "played": [[0, 6], [6, 0]]}
+    assert Payoff.from_dict(old).win_rate("a", "b") == pytest.approx(4 / 6)  # 3 wins and 2 draws of 6

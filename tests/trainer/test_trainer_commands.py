@@ -110,6 +110,11 @@ def test_evaluate_shows_progress_and_plain_lines_off_a_terminal(capsys, connect4
 @pytest.mark.parametrize(("argv", "says"), [
     (["--game", "pettingzoo:rps_v2"], "--game pettingzoo:rps_v2: the league plays turn-based board games"),
     (["--game", "chess"], "--game chess: unknown game 'chess'"),
+    (["--game", "openspiel:goofspiel"], "openspiel:goofspiel: its players move simultaneously"),
+    (["--game", "openspiel:leduc_poker(players=3)"], "it has 3 players; the league plays two-player games"),
+    (["--game", "no_such_package.games:make"], "no module 'no_such_package.games' to import"),
+    (["--game", "policystore.league.games:no_such_factory"], "has no function 'no_such_factory' that makes a Game"),
+    (["--game", "policystore.league.games:GAME_HELP"], "has no function 'GAME_HELP'"),
     (["--workers", "0"], "need at least one worker"),
     (["--resume"], "cannot resume"),
 ])
