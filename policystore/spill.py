@@ -45,6 +45,7 @@ TOMBSTONES = ".tombstones"  # deletes the durable tier has not taken yet (durabl
 CATALOG_PREFIX = "_catalog"  # the catalog's database (and any damaged copy set aside) may share the spill root
 _TMP_PREFIX = ".tmp-"
 _REASON_SUFFIX = ".reason.json"
+_NEW_FILE_TRIES = 8  # a spill's tries to create its file while deletes of the policy remove its empty folder
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 T = TypeVar("T")
@@ -233,9 +234,7 @@ class DiskTier:
         check_identity(header, sid, None, f"{what} (while spilling)", versioned=False)
         tmp = f"{_TMP_PREFIX}{uuid.uuid4().hex}"
         try:
-            with self._folder(sid.policy_id, create=True) as folder:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600, dir_fd=folder)
+            with self._new_file(sid.policy_id, tmp) as (folder, fd):
                 try:
                     with open(fd, "wb") as f:
                         compressed = snapfile.write(f, buf, header, sid.version, compress=self.compress, what=(
@@ -245,6 +244,7 @@ class DiskTier:
                         size = f.tell()
                 except BaseException:
                     os.unlink(tmp, dir_fd=folder)
+                    self._drop_folder_if_empty(sid.policy_id)
                     raise
             return SpillFile(self.root / sid.policy_id / tmp, compressed, size)
         except OSError as exc:
@@ -391,14 +391,42 @@ class DiskTier:
         return check_policy_id(path.parent.name), path.name
 
     @contextmanager
-    def _folder(self, policy_id: str, *, create: bool = False) -> Iterator[int]:
-        if create:
+    def _new_file(self, policy_id: str, name: str) -> Iterator[tuple[int, int]]:
+        """(folder fd, fd of the new file ``name`` in it), the policy's folder made if missing. A delete of the
+        policy's last file removes its folder (``_unlink``), maybe between the steps here: then they are tried
+        again, so a spill racing a delete of the same policy never fails for want of its folder."""
+        for attempt in range(_NEW_FILE_TRIES):
             with suppress(FileExistsError):
                 os.mkdir(policy_id, 0o700, dir_fd=self._fd)
+            try:
+                folder = self._open_folder(policy_id)
+            except SnapshotFolderError as exc:
+                if exc.errno == errno.ENOENT and attempt < _NEW_FILE_TRIES - 1:
+                    continue
+                raise
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=folder)
+            except BaseException as exc:
+                os.close(folder)
+                if isinstance(exc, FileNotFoundError) and attempt < _NEW_FILE_TRIES - 1:
+                    continue
+                raise
+            break
         try:
-            fd = os.open(policy_id, _DIR_FLAGS, dir_fd=self._fd)
+            yield folder, fd
+        finally:
+            os.close(folder)
+
+    def _open_folder(self, policy_id: str) -> int:
+        try:
+            return os.open(policy_id, _DIR_FLAGS, dir_fd=self._fd)
         except OSError as exc:
             raise SnapshotFolderError(exc.errno, f"{self.root / policy_id}: {_why(exc, policy_id, self._fd)}") from None
+
+    @contextmanager
+    def _folder(self, policy_id: str) -> Iterator[int]:
+        fd = self._open_folder(policy_id)
         try:
             yield fd
         finally:
@@ -416,3 +444,14 @@ class DiskTier:
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 log.warning("not removing %s: %s", file.path, exc)
+                return
+        self._drop_folder_if_empty(policy_id)
+
+    def _drop_folder_if_empty(self, policy_id: str) -> None:
+        """The policy's last file gone: its folder too (a folder holding anything, a temp file of a spill under way
+        included, stays; a spill that finds its folder gone makes it again: _new_file)."""
+        try:
+            os.rmdir(policy_id, dir_fd=self._fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
+                log.warning("not removing the empty folder %s: %s", self.root / policy_id, exc)

@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import lz4.frame
@@ -333,4 +334,31 @@ def test_running_out_of_space_mid_write_leaves_no_partial_file(tiny_disk):
     buf = pack({"w": torch.randn(1 << 20)}, policy_id="big")  # 4 MiB on a 3 MiB file system
     with pytest.raises(DiskFullError, match="disk full while spilling big"):
         disk.write_temp(SnapshotId("big", 1), buf, parse_header(buf, name="big"), "big")
-    assert list((tiny_disk / "big").iterdir()) == []
+    assert list(tiny_disk.iterdir()) == []  # nor the policy's folder, made for it
+
+
+def test_a_policys_folder_goes_with_its_last_file_even_while_spills_of_it_race_the_deletes(tier):
+    buf = packed("p")
+    first, second = spill(tier, SnapshotId("p", 1), buf), spill(tier, SnapshotId("p", 2), buf)
+    tier.remove(first)
+    assert (tier.root / "p").is_dir()  # another file still in it
+    tier.remove(second)
+    assert not (tier.root / "p").exists()
+    # threads spilling and deleting the same policy at once: every spill lands (its folder made again when a delete
+    # removed it meanwhile), and once all are deleted nothing is left
+    errors: list[BaseException] = []
+
+    def churn(start: int) -> None:
+        try:
+            for version in range(start, start + 400, 4):
+                tier.remove(spill(tier, SnapshotId("p", version), buf))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(start,)) for start in range(3, 7)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(os.listdir(tier.root)) == []
