@@ -4,10 +4,14 @@ dependency.
 
     with needs("rllib", "policystore.rllib"):
         import ray.rllib
+
+A command run as ``python -m <part>`` (``python -m policystore.trainer``) whose extra is missing prints that error
+as one line and exits 2, as for any other usage error, instead of a traceback through Python's module runner.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,7 +27,23 @@ def needs(extra: str, part: str) -> Iterator[None]:
     except ImportError as exc:
         if (exc.name or "").split(".")[0] == "policystore":
             raise
-        raise missing_extra(extra, part, exc) from exc
+        error = missing_extra(extra, part, exc)
+        command = _command_being_started()
+        if command is not None and (command + ".").startswith(part + "."):
+            print(f"python -m {command}: error: {error}", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE) from None
+        raise error from exc
+
+
+EXIT_USAGE = 2
+
+
+def _command_being_started() -> str | None:
+    """The module of ``python -m MODULE`` while Python still imports its packages, before the module runs
+    (``sys.argv[0]`` is ``-m`` until then); None otherwise, and in every process that merely imports a part."""
+    if sys.argv[:1] != ["-m"] or "-m" not in sys.orig_argv[:-1]:
+        return None
+    return sys.orig_argv[sys.orig_argv.index("-m") + 1]
 
 
 def missing_extra(extra: str, part: str, exc: ImportError) -> MissingExtraError:

@@ -138,6 +138,12 @@ print(policystore.__version__)
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == policystore.__version__
+    # the trainer's command without its extra: one line naming the extra and exit 2, no traceback
+    run = subprocess.run([str(python), "-m", "policystore.trainer", "--run-dir", str(tmp_path / "run")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "pip install 'policystore[trainer]'" in run.stderr, run.stderr
+    assert not (tmp_path / "run").exists()
     cli = subprocess.run([str(venv / "bin" / "policystore"), "--help"], env=env, cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
     assert cli.returncode == 0 and "usage: policystore" in cli.stdout, cli.stderr
