@@ -1,5 +1,5 @@
-"""End-of-run report: players table, payoff heatmap, learning curve (with the reference bot's points), store memory
-report, report.json."""
+"""End-of-run report: players table, payoff heatmap, learning curve (with the reference measure's points: against
+OpenSpiel's MCTS, or the exact NashConv), store memory report, report.json."""
 
 from __future__ import annotations
 
@@ -43,23 +43,56 @@ def players_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def reference_title(record: dict[str, Any]) -> str:
+    """What the reference record measures, as a heading."""
+    if record["measure"] == "nash_conv":
+        return f"{DEFAULT_PLAYER}'s NashConv, computed exactly by OpenSpiel"
+    return f"{DEFAULT_PLAYER} against OpenSpiel {record['opponent']}"
+
+
+def reference_text(record: dict[str, Any]) -> str:
+    """The reference record in one line for the terminal: each point's figure, or why it was skipped."""
+    head = reference_title(record)
+    if "skipped" in record:
+        return f"{head}: skipped, {record['skipped']}"
+    if record["measure"] == "nash_conv":
+        figures = ", ".join(f"{p['player']} at {p['steps'] / 1e6:.1f} M steps {p['nash_conv']:.3f}"
+                            for p in record["points"])
+        return (f"{head} (0: a Nash equilibrium; the uniform-random policy {record['uniform_nash_conv']:.3f}; "
+                f"{record['seconds']:.0f} s): {figures}")
+    rates = ", ".join(f"{p['player']} at {p['steps'] / 1e6:.1f} M steps {p['win']:.0%}" for p in record["points"])
+    return f"{head} ({record['games_per_point']} games per point, both seats, {record['seconds']:.0f} s): {rates}"
+
+
+def reference_markdown(record: dict[str, Any]) -> list[str]:
+    """The reference record as a section of players.md: a table of its points, or why it was not measured."""
+    lines = ["", f"## {reference_title(record)}", ""]
+    if "skipped" in record:
+        return [*lines, f"Not measured: {record['skipped']}."]
+    if record["measure"] == "nash_conv":
+        return [*lines, f"The sum over both players of what a best response to the other gains: 0 at a Nash "
+                        f"equilibrium, {record['uniform_nash_conv']:.3f} for the uniform-random policy "
+                        f"({record['game']}); exploitability as some papers plot it is half of it. Computed after "
+                        f"training in {record['seconds']:.1f} s.", "",
+                "| player | env steps (frozen at) | NashConv | exploitability |", "|---|---:|---:|---:|",
+                *(f"| {p['player']} | {p['steps']:,} | {p['nash_conv']:.4f} | {p['nash_conv'] / 2:.4f} |"
+                  for p in record["points"])]
+    return [*lines, f"{record['games_per_point']} games per point, both seats, measured after training in "
+                    f"{record['seconds']:.0f} s.", "",
+            "| player | env steps (frozen at) | win | draw | loss | win, 95% interval |",
+            "|---|---:|---:|---:|---:|---|",
+            *(f"| {p['player']} | {p['steps']:,} | {p['win']:.0%} | {p['draw']:.0%} | {p['loss']:.0%} "
+              f"| [{p['win_low']:.0%}, {p['win_high']:.0%}] |" for p in record["points"])]
+
+
 def players_markdown(rows: list[dict[str, Any]], reference: dict[str, Any] | None = None) -> str:
-    """The players by Elo, then the main agent against the reference bot (what was measured, or why not)."""
+    """The players by Elo, then the main agent by the game's reference measure (what was measured, or why not)."""
     lines = ["| player | kind | parent | Elo | env steps |", "|---|---|---|---:|---:|"]
     for r in sorted(rows, key=lambda r: -r["elo"]):
         steps = f"{r['steps']:,}" if r["kind"] != HISTORICAL else ""
         lines.append(f"| {r['name']} | {r['kind']} | {r['parent'] or ''} | {r['elo']:.0f} | {steps} |")
     if reference:
-        lines += ["", f"## {DEFAULT_PLAYER} against OpenSpiel {reference['opponent']}", ""]
-        if "skipped" in reference:
-            lines.append(f"Not measured: {reference['skipped']}.")
-        else:
-            lines += [f"{reference['games_per_point']} games per point, both seats, measured after training in "
-                      f"{reference['seconds']:.0f} s.", "",
-                      "| player | env steps (frozen at) | win | draw | loss | win, 95% interval |",
-                      "|---|---:|---:|---:|---:|---|"]
-            lines += [f"| {p['player']} | {p['steps']:,} | {p['win']:.0%} | {p['draw']:.0%} | {p['loss']:.0%} "
-                      f"| [{p['win_low']:.0%}, {p['win_high']:.0%}] |" for p in reference["points"]]
+        lines += reference_markdown(reference)
     return "\n".join(lines) + "\n"
 
 
@@ -124,21 +157,22 @@ def payoff_heatmap(summary: list[dict[str, Any]], players: list[str], matrix: np
 
 def learning_curve(curve: list[dict[str, Any]], path: Path, reference: dict[str, Any] | None = None) -> None:
     """Win rates of the main agent against the scripted players, and against the reference bot at the points
-    measured after training (with their 95% intervals), and the main agents' Elo, over env steps."""
+    measured after training (with their 95% intervals), and the main agents' Elo, over env steps; for a game
+    measured by NashConv, a third panel with the main agent's NashConv at those points."""
     plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    points = (reference or {}).get("points", [])  # none when the measurement was skipped
+    nash = bool(points) and reference["measure"] == "nash_conv"
+    fig, axes = plt.subplots(1, 3 if nash else 2, figsize=(16 if nash else 11, 4))
+    ax1, ax2 = axes[0], axes[1]
     steps = [row["steps"] / 1e6 for row in curve]
     for key in win_keys(curve):
         ax1.plot(steps, [row[key] for row in curve], marker=".", label=f"vs {key[4:]}")
-    points = (reference or {}).get("points", [])  # none when the measurement was skipped
-    if points:
+    if points and not nash:
         win = np.array([p["win"] for p in points])
         spread = [win - [p["win_low"] for p in points], [p["win_high"] for p in points] - win]
         ax1.errorbar([p["steps"] / 1e6 for p in points], win, yerr=spread, fmt="D", ms=4, color="black",
                      capsize=3, label=f"vs OpenSpiel {reference['opponent']} ({points[0]['games']} games each)")
-        for p in points:
-            ax1.annotate(p["player"], (p["steps"] / 1e6, p["win"]), xytext=(5, -2), textcoords="offset points",
-                         fontsize=6, va="top")
+        _annotate(ax1, points, "win")
     ax1.axhline(0.95, color="grey", ls=":", lw=1)
     ax1.axhline(0.60, color="grey", ls=":", lw=1)
     ax1.set_ylim(0, 1)
@@ -153,9 +187,26 @@ def learning_curve(curve: list[dict[str, Any]], path: Path, reference: dict[str,
     ax2.set_ylabel("Elo")
     ax2.legend(fontsize=7)
     ax2.grid(alpha=0.3)
+    if nash:
+        ax3 = axes[2]
+        ax3.plot([p["steps"] / 1e6 for p in points], [p["nash_conv"] for p in points], "D-", ms=4, color="black",
+                 label=f"{DEFAULT_PLAYER} (exact, OpenSpiel)")
+        ax3.axhline(reference["uniform_nash_conv"], color="grey", ls=":", lw=1, label="uniform-random policy")
+        _annotate(ax3, points, "nash_conv")
+        ax3.set_ylim(bottom=0)
+        ax3.set_xlabel("env steps (millions)")
+        ax3.set_ylabel(f"NashConv in {reference['game']} (0: Nash equilibrium)")
+        ax3.legend(fontsize=7)
+        ax3.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _annotate(ax, points: list[dict[str, Any]], key: str) -> None:
+    for p in points:
+        ax.annotate(p["player"], (p["steps"] / 1e6, p[key]), xytext=(5, -2), textcoords="offset points",
+                    fontsize=6, va="top")
 
 
 def memory_report(stats: StoreStats, infos: list[Any], workers: int) -> dict[str, Any]:

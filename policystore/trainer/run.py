@@ -155,19 +155,13 @@ class Trainer:
         return final
 
     def measure_reference(self, summary: list[dict[str, Any]]) -> dict[str, Any]:
-        """The first main agent against OpenSpiel's MCTS(100) at a few points of the run, now that training has
-        ended (``trainer.reference``); the nets are the store's views."""
+        """The first main agent at a few points of the run by the measure that fits the game (against OpenSpiel's
+        MCTS(100), or its exact NashConv), now that training has ended (``trainer.reference``); the nets are the
+        store's views."""
         kinds = {r["name"]: r["kind"] for r in summary}
         record = reference.measure(summary, lambda name: self.modules.get(name, frozen=kinds[name] == HISTORICAL),
                                    self.game, self.config.reference_games, self.config.seed)
-        head = f"{DEFAULT_PLAYER} against OpenSpiel {record['opponent']}"
-        if "skipped" in record:
-            self.console.print(f"{head}: skipped, {record['skipped']}")
-        else:
-            rates = ", ".join(f"{p['player']} at {p['steps'] / 1e6:.1f} M steps {p['win']:.0%}"
-                              for p in record["points"])
-            self.console.print(f"{head} ({record['games_per_point']} games per point, both seats, "
-                               f"{record['seconds']:.0f} s): {rates}")
+        self.console.print(report.reference_text(record))
         return record
 
     def shutdown(self) -> None:

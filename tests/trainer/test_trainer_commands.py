@@ -20,7 +20,9 @@ from policystore.spill import DiskTier
 from policystore.trainer import __main__ as trainer_command
 from policystore.trainer import evaluate, play
 from policystore.trainer.config import TrainConfig
+from policystore.trainer.policy import load_net, load_policy
 from policystore.trainer.rundir import RunDir, prepare_run_dir
+from policystore.workers.play import net_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_USAGE = 2
@@ -95,9 +97,57 @@ def test_evaluate_and_play_refuse_a_folder_that_is_not_a_run(capsys, tmp_path):
 def test_connect_four_only_options_on_a_pettingzoo_run(capsys, tictactoe_run):
     assert "unknown opponent 'winblock' for pettingzoo:tictactoe_v3" in one_line(
         command(capsys, ".evaluate", "--run-dir", str(tictactoe_run), "--opponents", "winblock"))
-    assert "Connect Four only" in one_line(command(capsys, ".evaluate", "--run-dir", str(tictactoe_run), "--search",
-                                                   "8"))
-    assert "plays Connect Four boards" in one_line(command(capsys, ".play", "--run-dir", str(tictactoe_run)))
+    assert "opponent mcts100: pettingzoo:tictactoe_v3 names no OpenSpiel game" in one_line(
+        command(capsys, ".evaluate", "--run-dir", str(tictactoe_run), "--opponents", "mcts100"))
+    for module in (".evaluate", ".play"):
+        assert "--search needs a game with a tree search (Connect Four)" in one_line(
+            command(capsys, module, "--run-dir", str(tictactoe_run), "--search", "8"))
+    assert "--judge judges Connect Four only" in one_line(
+        command(capsys, ".evaluate", "--run-dir", str(tictactoe_run), "--judge", "8"))
+
+
+@pytest.fixture(scope="module")
+def leduc_run(tmp_path_factory):
+    pytest.importorskip("pyspiel", reason="the openspiel extra is not installed")
+    return run_folder(tmp_path_factory.mktemp("runs") / "leduc", game="openspiel:leduc_poker")
+
+
+def test_evaluate_on_a_poker_run_gives_its_nash_conv_and_chips(capsys, leduc_run):
+    """The run folder names the game: no --game; the exact NashConv comes before the games against random."""
+    result = command(capsys, ".evaluate", "--run-dir", str(leduc_run), "--games", "10", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["nash_conv"]["uniform_nash_conv"] == pytest.approx(4.747222, abs=1e-5)  # OpenSpiel's uniform figure
+    assert 0 < out["nash_conv"]["nash_conv"] < 30 and out["nash_conv"]["points"] == []  # no league.json here
+    assert out["random"]["games"] == 20 and isinstance(out["random"]["return"], float)
+    text = command(capsys, ".evaluate", "--run-dir", str(leduc_run), "--games", "10").stdout
+    assert "main_0 (latest): NashConv" in text and "computed exactly by OpenSpiel" in text and "mean return" in text
+
+
+def test_load_policy_and_play_on_a_poker_run(leduc_run):
+    import pyspiel
+
+    act = load_policy(leduc_run)
+    state = pyspiel.load_game("leduc_poker").new_initial_state()
+    state.apply_action(0)
+    state.apply_action(3)  # the deal: J for the first player, Q for the second
+    assert act(state.information_state_tensor(), state.legal_actions()) in state.legal_actions()
+    assert act(state.information_state_tensor(), [2]) == 2
+    with pytest.raises(ValueError, match="observations have shape"):
+        act([0.0] * 7, [0, 1])
+    out, prompts = [], []
+    answers = iter(["7"] + ["1"] * 20)  # a bad answer, then call every time (always legal in Leduc)
+
+    def read(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(answers)
+
+    game = get_game("openspiel:leduc_poker")
+    mine = play.play_game(game, net_policy(load_net(leduc_run), greedy=True), human_player=1, read=read,
+                          write=out.append)
+    assert -13 <= mine <= 13 and any("is not a legal move" in line for line in out)
+    assert "1 (Call)" in prompts[0]  # OpenSpiel's names for the moves
+    assert "[Private:" in out[0] and "[Observer: 0]" in out[0]  # only what player 1 may see
 
 
 def test_evaluate_shows_progress_and_plain_lines_off_a_terminal(capsys, connect4_run):

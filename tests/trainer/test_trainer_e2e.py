@@ -15,11 +15,13 @@ from rich.console import Console
 
 from policystore.errors import UnknownPolicyError
 from policystore.league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
+from policystore.league.games import CONNECT4
 from policystore.trainer import openspiel_bots
 from policystore.trainer.config import TrainConfig
 from policystore.trainer.play import play_game
-from policystore.trainer.policy import load_policy
+from policystore.trainer.policy import load_net, load_policy
 from policystore.trainer.run import train
+from policystore.workers.play import net_policy
 
 pytestmark = pytest.mark.slow
 
@@ -101,8 +103,9 @@ def test_load_policy_reads_the_run_store(run_dir):
 def test_terminal_play_and_evaluate_command(run_dir):
     out: list[str] = []
     moves = itertools.chain(["9"], itertools.cycle("0123456"))  # a bad answer first, then every column in turn
-    winner = play_game(load_policy(run_dir), human_player=1, read=lambda _: next(moves), write=out.append)
-    assert winner in (0, 1, 2) and any("not a playable column" in line for line in out)
+    agent = net_policy(load_net(run_dir), greedy=True)
+    mine = play_game(CONNECT4, agent, human_player=1, read=lambda _: next(moves), write=out.append)
+    assert mine in (-1, 0, 1) and any("is not a legal move" in line for line in out)
     proc = subprocess.run([sys.executable, "-m", "policystore.trainer.evaluate", "--run-dir", str(run_dir),
                            "--games", "50", "--json"], capture_output=True, text=True, check=True, timeout=120)
     result = json.loads(proc.stdout)

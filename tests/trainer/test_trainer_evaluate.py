@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
+import torch
 
+from policystore.league.games import get_game
 from policystore.league.model import PolicyNet
 from policystore.trainer.evaluate import evaluate, main, wilson_interval
 
@@ -42,3 +44,27 @@ def test_command_rejects_a_negative_search(capsys):
     with pytest.raises(SystemExit):
         main(["--run-dir", "nowhere", "--search", "-1"])
     assert "--search" in capsys.readouterr().err
+
+
+def test_openspiel_mcts_is_a_real_referee_in_any_perfect_information_openspiel_game():
+    """Tic-tac-toe through the OpenSpiel adapter: the bot follows every game from the moves both sides played, and
+    an untrained net wins none of its games against 100 simulations (a bot out of step would play at random)."""
+    pytest.importorskip("pyspiel", reason="the openspiel extra is not installed")
+    game = get_game("openspiel:tic_tac_toe")
+    torch.manual_seed(0)
+    results = evaluate(game.net(8), game, games_per_seat=4, seed=0, opponents=("random", "mcts100"))
+    assert results["mcts100"]["games"] == 8 and results["mcts100"]["win"] == 0.0
+    assert results["mcts100"]["return"] < 0
+
+
+def test_poker_is_played_for_chips_and_refuses_a_search_referee():
+    pytest.importorskip("pyspiel", reason="the openspiel extra is not installed")
+    game = get_game("openspiel:leduc_poker")
+    results = evaluate(game.net(8), game, games_per_seat=20, seed=0)
+    r = results["random"]
+    assert r["games"] == 40 and r["win"] + r["draw"] + r["loss"] == pytest.approx(1.0)
+    assert r["return"] != 0 and abs(r["return"]) <= 13  # chips: Leduc's largest pot is 13 a side
+    with pytest.raises(ValueError, match="opponent mcts100: openspiel:leduc_poker hides information"):
+        evaluate(game.net(8), game, games_per_seat=1, opponents=("mcts100",))
+    with pytest.raises(ValueError, match="--search needs a game with a tree search"):
+        evaluate(game.net(8), game, games_per_seat=1, search=4)

@@ -4,13 +4,16 @@ A trained agent's moves depend on what a short run happened to learn; these test
 input planes the net sees (threat planes included), the legal-move mask, the seat, and the documented errors.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from policystore.league.connect4 import COLS, ROWS
+from policystore.league.games import CONNECT4
 from policystore.league.model import PolicyNet
-from policystore.trainer.policy import connect_four_policy
+from policystore.trainer.policy import connect_four_policy, observation_policy
 
 WIN_PLANE, BLOCK_PLANE = 3, 4  # observation_planes: cells that win for the mover, cells that win for the opponent
 
@@ -101,3 +104,28 @@ def test_search_plays_within_legal_actions_and_finds_what_the_net_misses():
     assert searched(board_with_win_at_3(), 1, [5, 6]) in (5, 6)
     with pytest.raises(ValueError, match="search"):
         connect_four_policy(blank, search=-1)
+
+
+def test_any_game_is_played_on_its_own_observation_among_the_legal_actions():
+    """A net that reads one entry of a flat observation: the move follows what it sees, stays legal, and takes
+    legal actions as ids or as a mask."""
+    game = dataclasses.replace(CONNECT4, name="flat", plane_shape=(4,), num_actions=3)
+    net = PolicyNet(4, (4,), 3)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+        net.body[1].weight[0, 0] = 1.0  # hidden unit 0 = observation[0]
+        net.body[3].weight[0, 0] = 1.0
+        net.policy.weight[2, 0] = 10.0  # observation[0] high: action 2
+        net.policy.bias[1] = 1.0        # else action 1
+    act = observation_policy(net.eval(), game)
+    assert act(np.array([1.0, 0, 0, 0]), [0, 1, 2]) == 2
+    assert act(np.zeros(4), [0, 1, 2]) == 1
+    assert act(np.array([1.0, 0, 0, 0]), np.array([True, True, False])) == 1
+    assert act([1.0, 0, 0, 0], [0]) == 0
+    with pytest.raises(ValueError, match=r"flat observations have shape \(4,\)"):
+        act(np.zeros(5), [0])
+    with pytest.raises(ValueError, match=r"legal actions must lie in 0..2"):
+        act(np.zeros(4), [3])
+    with pytest.raises(ValueError, match="no legal action"):
+        act(np.zeros(4), np.zeros(3, dtype=bool))

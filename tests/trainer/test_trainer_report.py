@@ -1,5 +1,6 @@
 """The end-of-run report read as a person reads it: the payoff heatmap (training players against the league, in
-order, never-met pairs marked) and the main agent against OpenSpiel's MCTS(100) at a few points of the run."""
+order, never-met pairs marked) and the main agent at a few points of the run by the measure that fits the game:
+against OpenSpiel's MCTS(100), or its exact NashConv in a poker game."""
 
 import dataclasses
 import json
@@ -8,10 +9,10 @@ import numpy as np
 import pytest
 
 from policystore.league.constants import HISTORICAL
-from policystore.league.games import CONNECT4
+from policystore.league.games import CONNECT4, get_game
 from policystore.league.matchmaking import League, LeagueConfig, MatchResult
 from policystore.league.model import PolicyNet
-from policystore.trainer import openspiel_bots, reference, report
+from policystore.trainer import evaluate, openspiel_bots, reference, report
 
 CURVE = [{"time_s": 5.0, "steps": 30, "elo": {"main_0": 1100.0}, "win_random": 0.6, "win_winblock": 0.1}]
 
@@ -97,12 +98,12 @@ def test_milestones_spread_over_the_run_and_end_with_the_player_now(league):
         play(league, "main_0", "main_0.s0", 1, 1)
     summary = league.summary()
     frozen = {r["name"]: r["frozen_at"] for r in summary if r["kind"] == HISTORICAL}
-    picked = reference.milestones(summary, count=4)
+    picked = evaluate.milestones(summary, count=4)
     # Six trained snapshots (s0, the initial weights, says nothing): every 1.5th, the last one included.
     assert picked == [(name, frozen[name]) for name in ("main_0.s2", "main_0.s3", "main_0.s5", "main_0.s6")] + \
         [("main_0", league.total_steps())]
     assert [s for _, s in picked] == sorted(s for _, s in picked)
-    assert reference.milestones(summary, count=10)[:-1] == [(f"main_0.s{i}", frozen[f"main_0.s{i}"])
+    assert evaluate.milestones(summary, count=10)[:-1] == [(f"main_0.s{i}", frozen[f"main_0.s{i}"])
                                                             for i in range(1, 7)]
 
 
@@ -111,12 +112,13 @@ def test_reference_points_are_measured_recorded_and_drawn(league, tmp_path, monk
     nets = {}
     record = reference.measure(league.summary(), lambda name: nets.setdefault(name, PolicyNet(16)), CONNECT4,
                                games_per_seat=1, seed=3)
-    assert [(p["player"], p["steps"]) for p in record["points"]] == reference.milestones(league.summary())
+    assert [(p["player"], p["steps"]) for p in record["points"]] == evaluate.milestones(league.summary())
     assert set(nets) == {"main_0.s1", "main_0.s2", "main_0"}
     for p in record["points"]:
         assert p["games"] == 2 and p["win"] + p["draw"] + p["loss"] == pytest.approx(1.0)
         assert p["win_low"] <= p["win"] <= p["win_high"]
-    assert record["opponent"] == "mcts100" and record["games_per_point"] == 2 and record["seconds"] > 0
+    assert record["measure"] == "mcts" and record["opponent"] == "mcts100" and record["games_per_point"] == 2
+    assert record["seconds"] > 0
     drawn = spy(monkeypatch, "errorbar")
     report.write_report(tmp_path, league.summary(), *league.payoff_matrix(), CURVE, record)
     ((_, (x, y), kwargs),) = drawn
@@ -131,7 +133,7 @@ def test_reference_points_are_measured_recorded_and_drawn(league, tmp_path, monk
 def test_reference_is_skipped_cleanly_without_open_spiel(league, tmp_path, monkeypatch):
     monkeypatch.setattr(openspiel_bots, "available", lambda: False)
     record = reference.measure(league.summary(), lambda name: pytest.fail("nothing is loaded"), CONNECT4, 10)
-    assert record == {"opponent": "mcts100", "games_per_point": 20,
+    assert record == {"measure": "mcts", "opponent": "mcts100", "games_per_point": 20,
                       "skipped": 'open_spiel is not installed (pip install -e ".[openspiel]")'}
     drawn = spy(monkeypatch, "errorbar")
     report.write_report(tmp_path, league.summary(), *league.payoff_matrix(), CURVE, record)
@@ -139,8 +141,32 @@ def test_reference_is_skipped_cleanly_without_open_spiel(league, tmp_path, monke
     assert "Not measured: open_spiel is not installed" in (tmp_path / "players.md").read_text()
 
 
-def test_reference_is_skipped_for_other_games_and_when_switched_off():
-    tictactoe = dataclasses.replace(CONNECT4, name="pettingzoo:tictactoe_v3")
+def test_reference_is_skipped_for_games_no_measure_fits_and_when_switched_off():
+    tictactoe = dataclasses.replace(CONNECT4, name="pettingzoo:tictactoe_v3", openspiel=None)
     assert reference.skip_reason(tictactoe, 10) == \
-        "OpenSpiel's MCTS plays Connect Four only, not 'pettingzoo:tictactoe_v3'"
+        "pettingzoo:tictactoe_v3 names no OpenSpiel game to search (Game.openspiel)"
     assert reference.skip_reason(CONNECT4, 0) == "reference_games is 0"
+    poker = dataclasses.replace(CONNECT4, name="mypoker", perfect_information=False, openspiel=None)
+    assert reference.measure_of(poker) == "nash_conv"
+    assert "names no OpenSpiel game to solve" in reference.skip_reason(poker, 10)
+
+
+def test_nash_conv_points_are_measured_recorded_and_drawn(league, tmp_path, monkeypatch):
+    pytest.importorskip("pyspiel", reason="the openspiel extra is not installed")
+    game = get_game("openspiel:kuhn_poker")
+    nets = {}
+    record = reference.measure(league.summary(), lambda name: nets.setdefault(name, game.net(8)), game,
+                               games_per_seat=1)
+    assert record["measure"] == "nash_conv" and record["game"] == "kuhn_poker"
+    assert [(p["player"], p["steps"]) for p in record["points"]] == evaluate.milestones(league.summary())
+    uniform = record["uniform_nash_conv"]
+    assert uniform == pytest.approx(0.9166666, abs=1e-6)  # OpenSpiel's figure for the uniform policy in Kuhn
+    assert all(0 < p["nash_conv"] < 3 for p in record["points"])  # random nets: exploitable, within Kuhn's stakes
+    drawn = spy(monkeypatch, "plot")
+    report.write_report(tmp_path, league.summary(), *league.payoff_matrix(), CURVE, record)
+    steps, values = next((x, y) for ax, (x, y, *_), _ in drawn if ax.get_ylabel().startswith("NashConv"))
+    assert steps == [p["steps"] / 1e6 for p in record["points"]]
+    assert values == [p["nash_conv"] for p in record["points"]]
+    players = (tmp_path / "players.md").read_text()
+    assert "## main_0's NashConv, computed exactly by OpenSpiel" in players and "| main_0.s2 |" in players
+    assert "main_0's NashConv" in report.reference_text(record) and "0.917" in report.reference_text(record)
