@@ -4,8 +4,9 @@
 per env, stepped in one Python loop per batch (the net's forward pass is batched over all of them by the caller).
 Chance nodes (the deal) are resolved at once by sampling their outcomes, so a game's mover is always a player. The
 net observes the information-state tensor where the game has one and hides information (it gives perfect recall),
-else the observation tensor; both are written in place into one reusable buffer (OpenSpiel's observer API), so a
-step costs no per-state allocation beyond OpenSpiel's own. Needs the ``openspiel`` extra; pyspiel is imported only
+else the observation tensor, written in place by OpenSpiel's observer API. A step visits each state once: it applies
+the move, settles chance, and writes the new mover's observation and legal moves into preallocated arrays, from
+which ``planes`` and ``legal_mask`` are plain numpy gathers. Needs the ``openspiel`` extra; pyspiel is imported only
 when a game is made, so importing this module costs nothing without it.
 """
 
@@ -100,13 +101,18 @@ class OpenSpielVec:
         self.returns = np.zeros(num_envs, dtype=np.float32)
         self.to_move = np.ones(num_envs, dtype=np.int8)
         self.moves = np.zeros(num_envs, dtype=np.int16)
+        # Each running game's observation for its mover and its legal moves, written as the game reaches the
+        # position (one pass over the states per step); planes and legal_mask only gather rows.
+        self._obs = np.zeros((num_envs, self._observation.tensor.size), dtype=np.float32)
+        self._legal = np.zeros((num_envs, self.num_actions), dtype=bool)
         self.reset()
 
-    def _ids(self, env_ids: np.ndarray | None) -> list[int]:
-        return list(range(self.num_envs)) if env_ids is None else np.asarray(env_ids, dtype=np.int64).tolist()
+    def _ids(self, env_ids: np.ndarray | None) -> np.ndarray:
+        return np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64).reshape(-1)
 
-    def _settle(self, i: int) -> None:
-        """Sample through chance nodes, then record who moves or how the game ended."""
+    def _settle(self, i: int) -> int:
+        """Sample through chance nodes; record how the game ended if it did. Returns the player to move (0-based;
+        negative once the game is over)."""
         state = self.states[i]
         while state.is_chance_node():
             actions, probs = zip(*state.chance_outcomes(), strict=True)
@@ -116,49 +122,67 @@ class OpenSpielVec:
             self.done[i] = True
             self.returns[i] = ret
             self.winner[i] = 1 if ret > 0 else (2 if ret < 0 else 0)
-        else:
-            self.to_move[i] = state.current_player() + 1
+        return state.current_player()
+
+    def _advance(self, ids: np.ndarray, actions: list[int] | None) -> None:
+        """Apply ``actions`` in the listed games (None: they were just reset), settle chance, and write each running
+        game's mover, observation and legal moves."""
+        states, settle, observation, tensor, obs = self.states, self._settle, self._observation, \
+            self._observation.tensor, self._obs
+        movers, legal, running = [], [], []
+        for k, i in enumerate(ids.tolist()):
+            state = states[i]
+            if actions is not None:
+                state.apply_action(actions[k])
+            mover = state.current_player()
+            if mover < 0:  # a chance node, or the game is over
+                mover = settle(i)
+                if mover < 0:
+                    continue
+            observation.set_from(state, mover)
+            obs[i] = tensor
+            legal += state.legal_actions_mask(mover)
+            movers.append(mover)
+            running.append(i)
+        self._legal[ids] = False
+        if running:
+            self._legal[running] = np.array(legal, dtype=bool).reshape(len(running), self.num_actions)
+            self.to_move[running] = np.array(movers, dtype=np.int64) + 1
 
     def reset(self, env_ids: np.ndarray | None = None) -> None:
-        for i in self._ids(env_ids):
+        ids = self._ids(env_ids)
+        self.done[ids], self.winner[ids], self.returns[ids], self.moves[ids] = False, 0, 0.0, 0
+        for i in ids.tolist():
             self.states[i] = self.game.new_initial_state()
-            self.done[i], self.winner[i], self.returns[i], self.moves[i] = False, 0, 0.0, 0
-            self._settle(i)
+        self._advance(ids, None)
 
     def legal_mask(self, env_ids: np.ndarray | None = None) -> np.ndarray:
-        ids = self._ids(env_ids)
-        mask = np.zeros((len(ids), self.num_actions), dtype=bool)
-        done, states = self.done, self.states
-        for row, i in enumerate(ids):
-            if not done[i]:
-                mask[row, states[i].legal_actions()] = True
-        return mask
+        """``(n, num_actions)`` bool: the moves OpenSpiel allows the mover; none in finished games."""
+        return self._legal[self._ids(env_ids)]
 
     def planes(self, env_ids: np.ndarray) -> np.ndarray:
         """The mover's observation of each listed game, ``(n, *plane_shape)`` float32."""
         ids = self._ids(env_ids)
-        out = np.empty((len(ids), self._observation.tensor.size), dtype=np.float32)
-        observation, tensor, states, to_move = self._observation, self._observation.tensor, self.states, self.to_move
-        for row, i in enumerate(ids):
-            observation.set_from(states[i], int(to_move[i]) - 1)
-            out[row] = tensor
-        return out.reshape(len(ids), *self.plane_shape)
+        return self._obs[ids].reshape(ids.size, *self.plane_shape)
 
     def step(self, actions: np.ndarray, env_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Play ``actions[k]`` in game ``env_ids[k]`` for its mover; returns ``(done, winner)`` for those games."""
         ids = self._ids(env_ids)
-        actions = np.asarray(actions).tolist()
-        if len(actions) != len(ids):
-            raise ValueError(f"got {len(actions)} actions for {len(ids)} games")
-        for i, action in zip(ids, actions, strict=True):
-            if self.done[i]:
-                raise ValueError(f"game {i} is finished; reset it before stepping")
-            state = self.states[i]
-            if action not in state.legal_actions():
-                raise ValueError(f"illegal move: action {action} in game {i}")
-            state.apply_action(action)
-            self.moves[i] += 1
-            self._settle(i)
+        actions = np.asarray(actions, dtype=np.int64).reshape(-1)
+        if actions.size != ids.size:
+            raise ValueError(f"got {actions.size} actions for {ids.size} games")
+        if np.unique(ids).size != ids.size:
+            raise ValueError("each game can take only one move per step; env_ids has duplicates")
+        finished = self.done[ids]
+        if finished.any():
+            raise ValueError(f"game {int(ids[finished][0])} is finished; reset it before stepping")
+        inside = (actions >= 0) & (actions < self.num_actions)
+        legal = inside & self._legal[ids, np.where(inside, actions, 0)]
+        if not legal.all():
+            k = int(np.flatnonzero(~legal)[0])
+            raise ValueError(f"illegal move: action {int(actions[k])} in game {int(ids[k])}")
+        self.moves[ids] += 1
+        self._advance(ids, actions.tolist())
         return self.done[ids].copy(), self.winner[ids].copy()
 
     def render(self, env_id: int, player: int | None = None) -> str:

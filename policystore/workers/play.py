@@ -51,11 +51,18 @@ def scripted_policy(player: Player, rng: np.random.Generator) -> Policy:
 
 
 class Trajectories:
-    """One side's moves in a batch of games, kept per game in move order (for GAE)."""
+    """One side's moves in a batch of games, kept per game in move order (for GAE).
+
+    Room for half a game's moves at first (players who alternate), grown to all of them the first time a side
+    moves more often (poker: a player may act twice in a row).
+    """
+
+    FIELDS = ("planes", "legal", "actions", "logp", "values")
 
     def __init__(self, num_games: int, plane_shape: tuple[int, ...], num_actions: int, max_moves: int,
                  obs_dtype: type = np.bool_):
-        t = max_moves  # a side may move several times in a row (poker), so up to all of a game's moves
+        t = (max_moves + 1) // 2  # the first mover's share
+        self.max_moves = max_moves
         self.planes = np.zeros((num_games, t, *plane_shape), dtype=obs_dtype)
         self.legal = np.zeros((num_games, t, num_actions), dtype=bool)
         self.actions = np.zeros((num_games, t), dtype=np.int64)
@@ -63,9 +70,20 @@ class Trajectories:
         self.values = np.zeros((num_games, t), dtype=np.float32)
         self.length = np.zeros(num_games, dtype=np.int64)
 
+    def _grow(self) -> None:
+        extra = self.max_moves - self.actions.shape[1]
+        if extra <= 0:
+            raise ValueError(f"a side moved more than max_moves={self.max_moves} times in one game")
+        for name in self.FIELDS:
+            old = getattr(self, name)
+            setattr(self, name, np.concatenate([old, np.zeros((old.shape[0], extra, *old.shape[2:]), old.dtype)],
+                                               axis=1))
+
     def add(self, ids: np.ndarray, planes: np.ndarray, legal: np.ndarray, actions: np.ndarray,
             logp: np.ndarray, values: np.ndarray) -> None:
         t = self.length[ids]
+        if t.size and t.max() >= self.actions.shape[1]:
+            self._grow()
         self.planes[ids, t] = planes
         self.legal[ids, t] = legal
         self.actions[ids, t] = actions

@@ -33,6 +33,8 @@ EXPECTED = {
     "worker_memory": ["snapshot_mib", "snapshots", "pushed_kib_per_snapshot", "first_load_kib", "kib_per_module",
                       "kib_per_module_beyond_weights", "loadavg_1m"],
     "soak": ["ops", "loadavg_1m"],
+    "game_speed": ["games", "native_steps_per_s", "batched_steps_per_s", "rollout_steps_per_s", "rollout_x_native",
+                   "rollout_x_batched", "loadavg_1m"],
 }
 ROW_KEYS = {  # per row type (spill_restore's "row", league_throughput's "bench")
     "ratio": ["lz4_ratio"],
@@ -98,6 +100,9 @@ def test_quick_run_writes_results(name, tmp_path):
         ratio = {r["kind"]: r for r in rows if r["row"] == "ratio"}
         assert ratio["pruned"]["lz4_ratio"] < 0.6 and ratio["pruned"]["stored_compressed"]
         assert not ratio["random"]["stored_compressed"]
+    if name == "game_speed":  # every game of the issue, through the OpenSpiel path, and the built-in one
+        assert [r["game"] for r in rows] == ["openspiel:tic_tac_toe", "openspiel:leduc_poker",
+                                             "openspiel:connect_four", "connect4"]
     if name == "league_throughput":  # a training point, then the forward pass called both ways
         assert [r["bench"] for r in rows] == ["league_training"] + ["forward"] * 2
         forward = {(r["mode"], r["path"]) for r in rows if r["bench"] == "forward"}
