@@ -1,12 +1,13 @@
 """Batched game playing: outcomes, recorded trajectories for the learner, self-play, feature planes."""
 
 import numpy as np
+import pytest
 import torch
 
 from policystore.league.baselines import random_opening, random_player
 from policystore.league.connect4 import ROWS, VecConnectFour, observation_planes
 from policystore.league.model import PolicyNet
-from policystore.workers.play import mirror, net_policy, play, scripted_policy
+from policystore.workers.play import Trajectories, mirror, net_policy, play, scripted_policy
 
 
 def test_play_records_only_the_learner_side_with_terminal_rewards():
@@ -146,3 +147,17 @@ def test_without_a_mirror_rng_a_recorded_side_sees_the_real_positions():
     boards, planes = (np.concatenate(x) for x in zip(*seen, strict=True))
     assert (planes == observation_planes(VecConnectFour.from_boards(boards), np.arange(len(boards)))).all()
     assert (env.boards[::2, ROWS - 1, 0] == 1).all()
+
+
+def test_a_side_that_moves_several_times_in_a_row_gets_room_for_all_its_moves():
+    rec = Trajectories(2, (3,), 2, max_moves=5, obs_dtype=np.float32)  # room for 3 moves per side at first
+    for t in range(5):  # game 0's side moves every time (as a poker player may), game 1's once
+        ids = np.array([0, 1]) if t == 0 else np.array([0])
+        rec.add(ids, np.full((ids.size, 3), t + 0.5, np.float32), np.ones((ids.size, 2), bool), np.zeros(ids.size),
+                np.zeros(ids.size), np.zeros(ids.size))
+    batch = rec.finish(np.array([1.0, -1.0]), gamma=1.0, lam=1.0)
+    assert rec.length.tolist() == [5, 1] and batch["planes"].dtype == np.float32
+    assert batch["planes"][:, 0].tolist() == [0.5, 1.5, 2.5, 3.5, 4.5, 0.5]  # game 0's five moves, then game 1's
+    with pytest.raises(ValueError, match="more than max_moves=5"):
+        rec.add(np.array([0]), np.zeros((1, 3), np.float32), np.ones((1, 2), bool), np.zeros(1), np.zeros(1),
+                np.zeros(1))
