@@ -7,7 +7,7 @@ from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from . import connectors, registry
+from . import connectors, faults, registry
 from .env_runner import check_env_runner_cls, sync_all
 from .registry import LeagueError
 from .settings import LeagueSettings
@@ -39,6 +39,7 @@ class PolicyStoreCallback(LeagueSettings, RLlibCallback):
         else:
             algorithm.env_runner.set_owner(algorithm)
         self.store()
+        faults.report_from_driver(algorithm.logdir)
         algorithm.learner_group.foreach_learner(
             lambda learner: connectors.install(learner._learner_connector)
         )
@@ -55,6 +56,7 @@ class PolicyStoreCallback(LeagueSettings, RLlibCallback):
         env_runner_group.foreach_env_runner(lambda runner: runner.sync_league(), local_env_runner=False)
 
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
+        faults.report(algorithm.logdir)
         message = registry.take_error(self.league)
         if message is not None:
             raise LeagueError(message)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,7 +27,7 @@ from .. import remote
 from ..errors import CorruptSnapshotError, PolicyStoreError, UnknownPolicyError
 from ..ids import SnapshotId
 from ..views import fast_reads
-from . import checkpoint, registry
+from . import checkpoint, faults, registry
 from .registry import FrozenEntry, LeagueError, LeagueFollower, LeagueState
 from .settings import LeagueSettings, NotSetUpError, find_settings
 
@@ -114,6 +115,9 @@ class SharedModulesMixin:
         super().stop()
         if self._owner is None or self._not_set_up is not None:
             return
+        owner = self._owner()
+        if owner is not None:
+            faults.stop_reporting(owner.logdir)
         settings = self._policystore_settings()
         state = registry.read(settings.league)
         keep = {e.snapshot for e in state.frozen.values() if e.durable} | set(state.kept)
@@ -180,6 +184,8 @@ class SharedModulesMixin:
             self._set_mapping_fn(state.mapping_fn)
         if state.policies_to_train is not None:
             self.config.multi_agent(policies_to_train=state.policies_to_train)
+        faults.watch([(mid, sid, self.module[mid]) for mid, sid in self._frozen.items()],
+                     f"EnvRunner {self.worker_index} (pid {os.getpid()})", self._policystore_log_dir)
         return complete
 
     def _set_mapping_fn(self, mapping_fn: Callable[..., str]) -> None:

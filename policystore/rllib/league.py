@@ -189,9 +189,50 @@ def frozen_modules(algorithm: Any) -> dict[str, SnapshotId]:
     return {mid: e.snapshot for mid, e in registry.read(settings_of(algorithm).league).frozen.items()}
 
 
-def league_store(algorithm: Any) -> Any:
+def league_store(algorithm: Any) -> LeagueStore:
     """This node's store of the Algorithm's league (``list``, ``stats``, ``verify``; its disk tier in ``stats()``)."""
-    return settings_of(algorithm).store()
+    settings = settings_of(algorithm)
+    return LeagueStore(settings.store(), settings.league)
+
+
+class LeagueStore:
+    """The league's store client as ``league_store`` hands it out: every call is the client's, but ``publish``
+    refuses weights under a frozen module's policy id that its module could not load (the league plays the
+    snapshot it froze and would never show them; a user meaning to replace the module re-freezes it)."""
+
+    def __init__(self, client: Any, league: str) -> None:
+        self._client, self._league = client, league
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def publish(self, policy_id: str, weights: Mapping[str, Any], meta: Mapping[str, Any] | None = None, *,
+                durable: bool = False) -> SnapshotId:
+        prefix = f"{self._league}."
+        module_id = policy_id[len(prefix):] if policy_id.startswith(prefix) else None
+        entry = registry.read(self._league).frozen.get(module_id) if module_id else None
+        if entry is not None:
+            want = {k: v for k, v in _architecture(entry.spec).items() if k != "class"}
+            got = {k: _shape_dtype(v) for k, v in weights.items()}
+            if got != want:
+                differ = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+                raise LeagueError(
+                    f"publish: {policy_id!r} is frozen module {module_id!r} of league {self._league!r}, and these "
+                    f"weights do not fit its architecture (they differ in {differ[:4]}); publish under another id, "
+                    f"or freeze them as a league member with add_frozen(algorithm, <new id>, <module>)"
+                )
+        return self._client.publish(policy_id, weights, meta, durable=durable)
+
+
+def _shape_dtype(value: Any) -> tuple[tuple[int, ...], str]:
+    """A weight's shape and dtype as torch names it (what ``_architecture`` compares)."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), str(value.dtype)
+    array = np.asarray(value)
+    try:
+        return tuple(array.shape), str(torch.from_numpy(np.empty(0, array.dtype)).dtype)
+    except TypeError:  # a dtype torch lacks: it fits no module (the store's own checks name it)
+        return tuple(array.shape), str(array.dtype)
 
 
 def league_name(algorithm: Any) -> str:

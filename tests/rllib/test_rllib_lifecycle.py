@@ -7,7 +7,10 @@ The tests run in file order on one Algorithm; the last one stops it.
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -142,6 +145,13 @@ def test_another_architecture_under_a_frozen_id_is_refused(algo):
     try:
         with pytest.raises(LeagueError, match=r"frozen module 'v5' has another architecture than 'small'"):
             add_frozen(algo, "v5", "small")
+        # The same weights published around the league, straight to its store under v5's id: refused there too.
+        store, policy_id = league_store(algo), f"{league_name(algo)}.v5"
+        before = [row.id for row in store.list(policy_id)]
+        weights = {k: v.detach().clone() for k, v in algo.get_module("small").state_dict().items()}
+        with pytest.raises(LeagueError, match=r"frozen module 'v5'.*do not fit its architecture.*add_frozen"):
+            store.publish(policy_id, weights)
+        assert [row.id for row in store.list(policy_id)] == before
     finally:
         algo.remove_module("small", new_should_module_be_updated=["main"])
 
@@ -166,6 +176,24 @@ def test_the_league_goes_on_after_its_store_actor_dies(algo):
     result = algo.train()
     assert result["env_runners"]["num_module_steps_sampled"].get("v6", 0) > 0
     assert algo.env_runner_group.num_healthy_remote_workers() == 1
+
+
+def test_a_write_into_shared_weights_is_named_in_the_driver(algo, caplog):
+    """A write by a route torch does not see kills the EnvRunner (SIGSEGV, by design): the driver's log names the
+    EnvRunner and the module at the call that met the death; the snapshot is unchanged."""
+    sid = frozen_modules(algo)["v5"]
+
+    def write(runner):  # through the raw pointer: torch's guard and numpy's read-only flag never see it
+        ctypes.memset(next(iter(runner.module["v5"].parameters())).data_ptr(), 0, 8)
+
+    with caplog.at_level(logging.ERROR, logger="policystore.rllib.faults"):
+        assert algo.env_runner_group.foreach_env_runner(write, local_env_runner=False) == []
+    assert re.search(r"EnvRunner 1 \(pid \d+\) was killed by SIGSEGV: it wrote into the shared weights of frozen "
+                     r"module 'v5' \(snapshot " + re.escape(str(sid)), caplog.text), caplog.text
+    assert not list(Path(algo.logdir, "policystore-faults").glob("*.txt"))  # reported once, then cleared
+    league_store(algo).verify(sid.policy_id, sid.version)  # raises if the write had reached the snapshot
+    # Ray restarts the EnvRunner (tests/rllib/test_rllib_league.py shows one back with its frozen modules); the job
+    # ends in the next test without waiting for it.
 
 
 def test_the_jobs_end_removes_its_store_and_disk_tier_but_what_it_keeps(algo):
