@@ -1,24 +1,33 @@
 """Partitions on an emulated network (``benchmarks.netbed``): a node's link, the head's link (the catalog's node)
-and a learner's link mid-publish go down and come back, while readers play and a learner publishes.
+and a learner's link mid-publish go down for --cut-s and come back, while readers play and a learner publishes.
 
 Nodes: 0 the head (catalog, driver), 1 the learner, 2 and 3 readers. Scenarios, one ``scenario`` row each:
-  node     node 2's link down --cut-s: its reader keeps reading the snapshot it holds; on node 2 a call that needs
-           the catalog (a ``get`` of the latest version once the view is older than ``max_staleness_s``, a
-           ``list``) fails within its deadline with a PolicyStoreError; the learner keeps publishing; after the
-           link returns node 2 reads the newest acknowledged version
-  head     the head's link down --cut-s: readers on nodes 2 and 3 keep reading what they hold; the learner's
-           publish fails within its deadline with a PolicyStoreError; after, publishes go on
-  learner  the learner's link down 10 s in the middle of a 64 MiB publish: the publish commits or fails with a
-           PolicyStoreError; a retry after the link returns commits
-Every scenario then checks, with every link up: every acknowledged version is listed and readable on every reader
-node, no version number was handed out twice, and no listed version lacks a copy. Columns: reads_ok/reads_failed
-(the readers' loop during the cut), fail_s (the slowest failing call, against deadline_s), caught_up_s (from the
-link's return until the cut node read the newest version), acked, listed, lost, reused, ok.
+  node     node 2's link down: its reader keeps reading the snapshot it holds; on node 2 the calls that need the
+           catalog or another node (a ``get`` of the latest version once the view is older than
+           ``max_staleness_s``, a ``list``, a ``get`` of the version the learner published during the cut) fail
+           within their deadline with a PolicyStoreError; the learner keeps publishing; after the link returns,
+           node 2 reads the newest acknowledged version (caught_up_s)
+  head     the head's link down (the catalog unreachable): readers on nodes 2 and 3 keep reading what they hold;
+           node 3's catalog calls and the learner's publishes fail within their deadline with a PolicyStoreError;
+           after, publishes go on and node 3 reads the newest (caught_up_s)
+  learner  the learner's link down while it publishes back to back (2 MiB each, and one 64 MiB publish started
+           just before the cut): the publish in flight at the cut and every one during it commits or fails with
+           a PolicyStoreError within its deadline; retries after the link returns commit
+Every scenario then checks, with every link up: every acknowledged version is listed, every listed version is
+readable whole (its content the one published) on every reader node, and no version number was handed out twice.
+
+The counts that must be zero: reads_failed (the readers' loop during the cut), hung (calls that took longer than
+twice their deadline plus 2 s), unclear (a failure that is no PolicyStoreError, or a call that answered although
+cut off), lost (acknowledged, not listed), half_visible (listed, yet not readable whole and intact on every reader
+node), reused (a version number acknowledged twice), not_caught_up. Besides: reads_ok, failed_calls and errors
+(the cut-off calls, which must fail), fail_s (the slowest of them, against deadline_s), resumed_s (from the link's
+return until the learner's first publish committed again), acked, listed.
 
 Ray itself marks a node dead after its health checks fail for about 15 s by default (the raylet then exits and its
 store's copies with it), which ends any partition longer than that: the testbed raises Ray's health-check
 threshold to outlast --cut-s (``RAY_health_check_failure_threshold``), and a cluster that must ride out longer
-partitions must do the same. Needs root with CAP_NET_ADMIN; --quick: 5 s cuts.
+partitions must do the same. Needs root with CAP_NET_ADMIN; --quick: 7 s cuts (the probes, 1.5 s into a cut,
+end within their 5 s deadline).
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ from .netbed import Testbed, unavailable
 
 log = logging.getLogger("benchmarks.partition_net")
 CALL_TIMEOUT_S = 5.0
+HANG_S = 2 * CALL_TIMEOUT_S + 2  # a cut-off call slower than this counts as hung
 SCENARIOS = ("node", "head", "learner")
+MUST_BE_ZERO = ("reads_failed", "hung", "unclear", "lost", "half_visible", "reused", "not_caught_up")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.cut_s = 5.0
+        args.cut_s = 7.0
     harness.setup_logging(args.verbose)
     if args.inside:
         return drive(args)
@@ -69,8 +80,10 @@ def main(argv: list[str] | None = None) -> None:
                  "--cut-s", str(args.cut_s), "--scenarios", args.scenarios]
         for row in bed.drive(inner, env_extra={"NETBED_NAMESPACES": ",".join(bed.namespaces)}):
             results.emit(row)
-    results.finish(["scenario", "cut_s", "reads_ok", "reads_failed", "fail_s", "deadline_s", "errors", "caught_up_s",
-                    "acked", "listed", "lost", "reused", "ok", "loadavg_1m"])
+    out = results.finish(["scenario", "cut_s", *MUST_BE_ZERO, "reads_ok", "failed_calls", "errors", "fail_s",
+                          "deadline_s", "caught_up_s", "resumed_s", "acked", "listed", "ok", "loadavg_1m"],
+                         notes=[f"Must be zero: {', '.join(MUST_BE_ZERO)}."])
+    print((out / "table.md").read_text(), file=sys.stderr)
 
 
 def link(node: int, up: bool) -> None:
@@ -101,77 +114,126 @@ def drive(args) -> None:
         acked: list[int] = []
         for scenario in args.scenarios.split(","):
             row = {"row": "scenario", "scenario": scenario, "cut_s": args.cut_s, "deadline_s": CALL_TIMEOUT_S}
-            row.update(SCENARIO[scenario](on, acked, args.cut_s))
+            calls = SCENARIO[scenario](on, acked, args.cut_s)
+            row.update(judge(calls))
             row.update(settle(on, acked))
-            row["ok"] = bool(row["reads_failed"] == 0 and row["lost"] == 0 and row["reused"] == 0
-                             and row["fail_s"] <= CALL_TIMEOUT_S * 2 + 2 and not row.get("unclear"))
+            row["ok"] = all(row[k] == 0 for k in MUST_BE_ZERO) and row["failed_calls"] > 0
             results.emit(row)
     finally:
         ray.shutdown()
 
 
+def judge(out: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's reads and cut-off calls counted: ``out`` holds reads_ok/reads_failed, ``calls`` (each
+    (error class or None, seconds, whether the error is a PolicyStoreError)) and caught_up_s (None: never)."""
+    calls = out.pop("calls")
+    failed = [c for c in calls if c[0] is not None and c[2]]
+    return {**out, "failed_calls": len(failed), "errors": sorted({c[0] for c in calls if c[0] is not None}),
+            "fail_s": round(max((c[1] for c in failed), default=0.0), 2),
+            "hung": sum(c[1] > HANG_S for c in calls), "unclear": sum(not c[2] for c in calls),
+            "not_caught_up": int("caught_up_s" in out and out["caught_up_s"] is None)}
+
+
+def ask(player, method: str, *args, within_s: float = 120.0):
+    """A call to a player after a cut: the driver's own connection to a node that was cut off may have been reset
+    (Ray's ``ActorUnavailableError``, temporary): ask again until ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return ray.get(getattr(player, method).remote(*args))
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def begin(player, method: str, *args) -> tuple:
+    """Start ``method`` on ``player`` in a thread of its own and return at once: a call in flight across a cut
+    may lose its reply with the driver's connection, so its outcome is collected afterwards (``outcome``)."""
+    name = f"{method}-{time.monotonic_ns()}"
+    ray.get(player.begin.remote(name, method, *args))
+    return player, name
+
+
+def outcome(job: tuple):
+    player, name = job
+    return ask(player, "outcome", name)
+
+
 def cut_node(on: list, acked: list[int], cut_s: float) -> dict[str, Any]:
-    acked.append(ray.get(on[1].publish.remote(1)))
+    acked.append(ask(on[1], "publish", 1))
     held = acked[-1]
     ray.get([on[2].get.remote(held), on[3].get.remote(held)])
-    plays = on[2].play.remote(held, cut_s + 2)
-    probes = on[2].probe_catalog.remote(delay_s=2.0)
-    learner = on[1].publish_every.remote(1.0, cut_s, 1)
+    plays = begin(on[2], "play", held, cut_s + 2)
+    learner = begin(on[1], "publish_every", 1.0, cut_s, 1)
+    # 1.5 s into the cut (the view then older than max_staleness_s): what needs the catalog, and a version published
+    # after the cut began, which only other nodes hold
+    probes = begin(on[2], "probe", 2.0, held + 3)
     time.sleep(0.5)
     link(2, False)
     time.sleep(cut_s)
     link(2, True)
-    acked.extend(v for v in ray.get(learner) if isinstance(v, int))
-    caught = ray.get(on[2].catch_up.remote(acked[-1], 60.0))
-    return {**ray.get(plays), **ray.get(probes), "caught_up_s": caught}
+    healed = time.monotonic()
+    acked.extend(v[0] for v in outcome(learner) if v[0] is not None)
+    caught = ask(on[2], "catch_up", acked[-1], 60.0)
+    return {**outcome(plays), "calls": during(outcome(probes), healed), "caught_up_s": caught}
 
 
 def cut_head(on: list, acked: list[int], cut_s: float) -> dict[str, Any]:
-    acked.append(ray.get(on[1].publish.remote(1)))
+    acked.append(ask(on[1], "publish", 1))
     held = acked[-1]
     ray.get([on[2].get.remote(held), on[3].get.remote(held)])
-    plays = [on[2].play.remote(held, cut_s + 2), on[3].play.remote(held, cut_s + 2)]
-    tries = on[1].publish_every.remote(2.0, cut_s, 1)
+    plays = [begin(on[2], "play", held, cut_s + 2), begin(on[3], "play", held, cut_s + 2)]
+    tries = begin(on[1], "publish_every", 2.0, cut_s, 1)
+    probes = begin(on[3], "probe", 2.0, held + 1000)  # a version no one announced
     time.sleep(0.5)
     link(0, False)
     time.sleep(cut_s)
     link(0, True)
-    outcomes = ray.get(tries)
-    acked.extend(v for v in outcomes if isinstance(v, int))
-    failed = [v for v in outcomes if not isinstance(v, int)]
-    a, b = ray.get(plays)
-    acked.append(ray.get(on[1].publish.remote(1)))  # publishes go on
+    healed = time.monotonic()
+    published = outcome(tries)
+    acked.extend(v[0] for v in published if v[0] is not None)
+    a, b = map(outcome, plays)
+    version, resumed_s = ask(on[1], "publish_again", 1, 60.0)  # publishes go on
+    acked.append(version)
+    caught = ask(on[3], "catch_up", acked[-1], 60.0)
     return {"reads_ok": a["reads_ok"] + b["reads_ok"], "reads_failed": a["reads_failed"] + b["reads_failed"],
-            "fail_s": max((f[1] for f in failed), default=0.0), "errors": sorted({f[0] for f in failed}),
-            "unclear": [f for f in failed if not f[2]], "caught_up_s": None}
+            "calls": [c[1:] for c in published] + during(outcome(probes), healed), "caught_up_s": caught,
+            "resumed_s": resumed_s}
 
 
 def cut_learner(on: list, acked: list[int], cut_s: float) -> dict[str, Any]:
-    big = on[1].publish_timed.remote(64)
+    big = begin(on[1], "publish_timed", 64)
+    loop = begin(on[1], "publish_every", 0.0, cut_s + 1.0, 2)  # back to back: one is in flight when the link goes
     time.sleep(0.3)
     link(1, False)
-    time.sleep(min(cut_s, 10.0))
+    time.sleep(cut_s)
     link(1, True)
-    outcome = ray.get(big)
-    retry = ray.get(on[1].publish.remote(64))
-    if isinstance(outcome[0], int):
-        acked.append(outcome[0])
-    acked.append(retry)
-    return {"reads_ok": 0, "reads_failed": 0, "fail_s": 0.0 if isinstance(outcome[0], int) else outcome[1],
-            "errors": [] if isinstance(outcome[0], int) else [outcome[0]],
-            "unclear": [] if isinstance(outcome[0], int) or outcome[2] else [outcome], "caught_up_s": None,
-            "first_publish": "committed" if isinstance(outcome[0], int) else "failed clearly"}
+    published = [outcome(big), *outcome(loop)]
+    acked.extend(v[0] for v in published if v[0] is not None)
+    version, resumed_s = ask(on[1], "publish_again", 2, 60.0)  # after the link returns, a retry commits
+    acked.append(version)
+    # every publish, the one in flight at the cut among them: committed, or failed clearly within its deadline
+    return {"reads_ok": 0, "reads_failed": 0, "calls": [c[1:] for c in published],
+            "committed": sum(c[0] is not None for c in published), "resumed_s": resumed_s}
+
+
+def during(probes: list[tuple], healed: float) -> list[tuple]:
+    """The probes that ended before the link returned (a short --quick cut may end while one waits: its answer
+    then says nothing about the cut), as (error, seconds, clear)."""
+    return [p[:3] for p in probes if p[3] < healed]
 
 
 SCENARIO = {"node": cut_node, "head": cut_head, "learner": cut_learner}
 
 
 def settle(on: list, acked: list[int]) -> dict[str, Any]:
-    """With every link up: every acknowledged version listed and readable on the reader nodes; none reused."""
-    listed = ray.get(on[0].versions.remote())
-    readable = ray.get([p.readable.remote(acked) for p in on[2:]])
+    """With every link up: every acknowledged version listed, every listed one readable whole on the reader nodes,
+    no version acknowledged twice."""
+    listed = ask(on[0], "versions")
+    bad = {v: why for p in on[2:] for v, why in ask(p, "unreadable", listed).items()}
     return {"acked": len(acked), "listed": len(listed), "reused": len(acked) - len(set(acked)),
-            "lost": len(set(acked) - set(listed)) + sum(len(r) for r in readable)}
+            "lost": len(set(acked) - set(listed)), "half_visible": len(bad), "unreadable": bad}
 
 
 @ray.remote(num_cpus=0.01)
@@ -182,31 +244,69 @@ class Player:
         import policystore
 
         self.store = policystore.connect(config)
+        self.jobs: dict[str, tuple] = {}  # begin/outcome
+        self.fill = 0.0  # every publish's weights hold one value, also in its meta: a read checks it is whole
 
     def ready(self) -> bool:
         return True
 
+    def begin(self, name: str, method: str, *args) -> None:
+        """Run ``method`` in a thread; ``outcome(name)`` returns what it returned."""
+        import threading
+
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = getattr(self, method)(*args)
+            except BaseException as exc:
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        self.jobs[name] = (thread, box)
+        thread.start()
+
+    def outcome(self, name: str) -> Any:
+        thread, box = self.jobs[name]  # kept: a reply lost on a reset connection is asked for again
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
     def publish(self, mib: int) -> int:
-        weights = {"w": np.full(mib * MiB // 4, 1.0, dtype=np.float32)}
-        return self.store.publish("league", weights).version
+        fill = self.fill = self.fill + 1.0  # a local: another thread's publish may move self.fill meanwhile
+        weights = {"w": np.full(mib * MiB // 4, fill, dtype=np.float32)}
+        return self.store.publish("league", weights, meta={"fill": fill}).version
 
     def publish_timed(self, mib: int) -> tuple:
-        """(version, seconds) or (error class, seconds, whether it is a PolicyStoreError)."""
+        """(version or None, error class or None, seconds, whether it committed or failed with a PolicyStoreError)."""
         from policystore import PolicyStoreError
 
         start = time.monotonic()
         try:
-            return self.publish(mib), time.monotonic() - start
+            return self.publish(mib), None, time.monotonic() - start, True
         except Exception as exc:
-            return type(exc).__name__, time.monotonic() - start, isinstance(exc, PolicyStoreError)
+            return None, type(exc).__name__, time.monotonic() - start, isinstance(exc, PolicyStoreError)
 
     def publish_every(self, interval_s: float, for_s: float, mib: int) -> list:
         out, end = [], time.monotonic() + for_s
         while time.monotonic() < end:
-            result = self.publish_timed(mib)
-            out.append(result[0] if isinstance(result[0], int) else result)
+            out.append(self.publish_timed(mib))
             time.sleep(interval_s)
         return out
+
+    def publish_again(self, mib: int, within_s: float) -> tuple[int, float]:
+        """Once a link is back: publish until one commits (the store may still be finding the catalog again);
+        (its version, seconds until it committed)."""
+        start = time.monotonic()
+        while True:
+            version, error, _, _ = self.publish_timed(mib)
+            if version is not None or time.monotonic() - start > within_s:
+                break
+            time.sleep(0.5)
+        if version is None:
+            raise RuntimeError(f"no publish committed within {within_s:.0f} s of the link's return: {error}")
+        return version, time.monotonic() - start
 
     def get(self, version: int) -> int:
         return self.store.get("league", version).id.version
@@ -217,30 +317,38 @@ class Player:
         end = time.monotonic() + for_s
         while time.monotonic() < end:
             try:
-                snap = self.store.get("league", version)
-                ok += int(float(snap["w"][0]) == 1.0)
+                ok += int(self._whole(self.store.get("league", version)))
             except Exception:
                 failed += 1
             time.sleep(0.1)
         return {"reads_ok": ok, "reads_failed": failed}
 
-    def probe_catalog(self, delay_s: float) -> dict[str, Any]:
-        """After ``delay_s`` (the view then older than max_staleness_s): calls that need the catalog."""
+    @staticmethod
+    def _whole(snap) -> bool:
+        w, fill = snap["w"], snap.meta["fill"]
+        return bool(float(w[0]) == fill and float(w[-1]) == fill and float(w[w.numel() // 2]) == fill)
+
+    def probe(self, delay_s: float, version: int) -> list[tuple]:
+        """After ``delay_s``, at once: the calls that need the catalog or another node, each (error class,
+        seconds, clear, when it ended); one that answered says so in place of the error, and is not clear."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from policystore import PolicyStoreError
 
-        time.sleep(delay_s)
-        errors, slowest, unclear = [], 0.0, []
-        for call in (lambda: self.store.get("league"), lambda: self.store.list("league")):
+        def timed(name: str, call) -> tuple:
             start = time.monotonic()
             try:
-                call()
-                unclear.append("answered although cut off")
+                got = call()
+                return f"{name} answered: {got!r:.80}", time.monotonic() - start, False, time.monotonic()
             except Exception as exc:
-                errors.append(type(exc).__name__)
-                if not isinstance(exc, PolicyStoreError):
-                    unclear.append(f"{type(exc).__name__}: {exc}")
-            slowest = max(slowest, time.monotonic() - start)
-        return {"fail_s": slowest, "errors": errors, "unclear": unclear}
+                return (type(exc).__name__, time.monotonic() - start, isinstance(exc, PolicyStoreError),
+                        time.monotonic())
+
+        time.sleep(delay_s)
+        calls = {"get latest": lambda: self.store.get("league"), "list": lambda: self.store.list("league"),
+                 f"get v{version}": lambda: self.store.get("league", version)}
+        with ThreadPoolExecutor(len(calls)) as pool:
+            return list(pool.map(lambda item: timed(*item), calls.items()))
 
     def catch_up(self, version: int, within_s: float) -> float | None:
         start = time.monotonic()
@@ -256,14 +364,16 @@ class Player:
     def versions(self) -> list[int]:
         return [row.id.version for row in self.store.list("league")]
 
-    def readable(self, versions: list[int]) -> list[int]:
-        """The versions this node cannot read (should be none)."""
-        bad = []
+    def unreadable(self, versions: list[int]) -> dict[int, str]:
+        """The versions this node cannot read whole and intact (should be none), and why."""
+        bad = {}
         for v in versions:
             try:
-                assert self.store.get("league", v).id.version == v
-            except Exception:
-                bad.append(v)
+                snap = self.store.get("league", v)
+                if snap.id.version != v or not self._whole(snap):
+                    bad[v] = f"read {snap.id}, content {snap.meta}"
+            except Exception as exc:
+                bad[v] = f"{type(exc).__name__}: {exc}"[:300]
         return bad
 
 

@@ -1,5 +1,5 @@
 """The partition scenarios' --quick run, through their real CLI, on 4 Ray nodes in network namespaces: a reader
-node's link, the head's (the catalog's) link and a learner's link mid-publish each go down for 5 s. Readers keep
+node's link, the head's (the catalog's) link and a learner's link mid-publish each go down for 7 s. Readers keep
 reading what their node holds; calls that need the catalog fail within their deadline with a PolicyStoreError;
 the cut node catches up; nothing acknowledged is lost and no version is handed out twice.
 
@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 CHECK = subprocess.run([sys.executable, "-m", "benchmarks.netbed", "--check"], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=60)
+MUST_BE_ZERO = ("reads_failed", "hung", "unclear", "lost", "half_visible", "reused", "not_caught_up")
 REASON = CHECK.stdout.strip() if CHECK.returncode else None
 
 
@@ -34,12 +35,12 @@ def test_quick_partitions_keep_readers_playing_fail_clearly_and_lose_nothing(tmp
     rows = {r["scenario"]: r for r in map(json.loads, filter(lambda x: x.startswith("{"), run.stdout.splitlines()))}
     assert set(rows) == {"node", "head", "learner"}
     for row in rows.values():
-        assert row["lost"] == 0 and row["reused"] == 0 and row["listed"] >= row["acked"] > 0, row
-        assert row["reads_failed"] == 0 and not row["unclear"], row
+        # the benchmark's must-be-zero counts (its docstring says what each counts)
+        assert {k: row[k] for k in MUST_BE_ZERO} == dict.fromkeys(MUST_BE_ZERO, 0), row
+        assert row["listed"] >= row["acked"] > 0 and row["failed_calls"] > 0, row  # the cut-off calls failed
         assert row["fail_s"] <= 2 * row["deadline_s"] + 2, row  # a deadline, never a hang
     assert rows["node"]["reads_ok"] > 0 and rows["head"]["reads_ok"] > 0
-    assert rows["node"]["errors"] and rows["head"]["errors"]  # the cut-off calls failed, and said so
-    assert rows["node"]["caught_up_s"] is not None
+    assert rows["node"]["caught_up_s"] is not None and rows["head"]["caught_up_s"] is not None
     left = subprocess.run([sys.executable, "-m", "benchmarks.netbed", "--leftovers", tag], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=60)
     assert json.loads(left.stdout) == []
