@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from policystore.transfer import FANOUT
+from policystore.transfer import FANOUT, WAKE_BYTES
 
 from . import harness
 from .harness import MiB
@@ -83,6 +83,17 @@ class Costs:
     fabric_bps: float  # what the whole cluster moves at once (math.inf: a non-blocking switch)
     checksum_bps: float
     copy_bps: float  # the fetched bytes into this node's own object
+    # CPU (measured on the testbed by process accounting; 0: not measured, the links alone decide):
+    hop_cpu_s_per_byte: float = 0.0  # the chain: every process's CPU per byte one node receives and forwards
+    get_cpu_s_per_byte: float = 0.0  # Ray's broadcast: every process's CPU per byte one node receives
+    cores: float = math.inf  # the cores all nodes share (the testbed's machine); inf: every node has its own
+    idle_cores_per_node: float = 0.0  # what an idle node uses of those shared cores (its raylet, stores, ...)
+    others_cores: float = 0.0  # what other jobs use of them
+    relay_cores: float = 2.0  # a node with cores of its own: its relay's receiving and sending threads
+
+    def shared_cores(self, nodes: int) -> float:
+        """The shared cores left for moving bytes once every node's idle cost and other jobs are paid."""
+        return max(self.cores - self.others_cores - nodes * self.idle_cores_per_node, 0.05)
 
 
 @dataclass(frozen=True)
@@ -100,13 +111,19 @@ def pipeline(nodes: int, nbytes: float, costs: Costs, fanout: int = FANOUT) -> S
     """A new snapshot streamed from node 0 through a pipeline of ``fanout`` copies per source (1: a chain)."""
     levels = nodes - 1 if fanout == 1 else math.ceil(math.log(nodes * (fanout - 1) + 1, fanout)) - 1
     rate = min(costs.stream_bps, costs.node_bps / fanout, costs.fabric_bps / max(1, nodes - 1))
+    if costs.hop_cpu_s_per_byte and math.isinf(costs.cores):  # a node of its own: its relay's threads
+        rate = min(rate, costs.relay_cores / (fanout * costs.hop_cpu_s_per_byte))
     # the reader's resolve, the route calls and the connects of every node run at once, before the first byte;
-    # then each level adds the time a node takes to pass on what just landed: a one-way message between nodes,
-    # taken as half an actor call's round trip (an assumption: an actor call is two messages plus Ray's own work)
+    # then each level adds the time a node takes to pass on what just landed: a one-way message between nodes
+    # (half an actor call's round trip: an actor call is two messages plus Ray's own work) and the pipeline's
+    # fill, one wake-up's worth of bytes (transfer.WAKE_BYTES) at the stream's rate
     before = 3 * costs.call_s
-    hop = costs.call_s / 2
+    hop = costs.call_s / 2 + WAKE_BYTES / rate
     after = max(nbytes / costs.checksum_bps, nbytes / costs.copy_bps)
-    first = before + nbytes / rate + after
+    moving = nbytes / rate
+    if not math.isinf(costs.cores):  # nodes sharing one machine's cores: every hop's CPU comes out of them
+        moving = max(moving, (nodes - 1) * nbytes * costs.hop_cpu_s_per_byte / costs.shared_cores(nodes))
+    first = before + moving + after
     total = first + (levels - 1) * hop
     return Spread(total, first + (levels - 1) * hop / 2, fanout, fanout * nbytes, total / first)
 
@@ -186,8 +203,10 @@ def spread(mode: str, nodes: int, nbytes: float, costs: Costs, *, max_serving: i
         heapq.heappush(timers, (t + after, dst, "copied"))
     lone = before + nbytes / min(costs.stream_bps, costs.node_bps, costs.fabric_bps) + after
     busiest = max(served.values())
-    return Spread(max(done.values()), statistics.median(done.values()), busiest, busiest * nbytes,
-                  max(done.values()) / lone)
+    total = max(done.values())
+    if not math.isinf(costs.cores) and mode == "ray":  # nodes sharing one machine's cores
+        total = max(total, before + (nodes - 1) * nbytes * costs.get_cpu_s_per_byte / costs.shared_cores(nodes))
+    return Spread(total, statistics.median(done.values()), busiest, busiest * nbytes, total / lone)
 
 
 # ---- the league of docs/scaling.md ---------------------------------------------------------------------------
@@ -342,41 +361,68 @@ def main(argv: list[str] | None = None) -> None:
         scale.fanout(results, argparse.Namespace(nodes=args.nodes, fanout_mib=args.sizes_mib, fanout_rounds=3,
                                                  serves_per_snapshot=0))
     league = League()
+    # a cluster's network, and every node its own cores: the CPU per byte stays the testbed's (which also pays the
+    # emulated links' veth, bridge and tbf work that a NIC does in hardware: an upper bound)
     network = replace(costs, node_bps=league.nic_bps, fabric_bps=math.inf,
-                      stream_bps=max(costs.stream_bps, league.nic_bps))
+                      stream_bps=max(costs.stream_bps, league.nic_bps), cores=math.inf, others_cores=0.0,
+                      idle_cores_per_node=0.0)
     for nodes in args.league_nodes:
         sized = replace(league, nodes=nodes)
         for mode in MODES:
             s = spread(mode, nodes, league.snapshot_bytes, network, **knobs)
             results.emit({"row": "league", "mode": mode, "nodes": nodes, "snapshot_mib": league.snapshot_bytes / MiB,
                           **asdict(s), **catalog_load(sized, costs),
+                          "relay_cpu_s": (league.snapshot_bytes * network.hop_cpu_s_per_byte
+                                          if mode == "chain" else None),
                           **{k: v / GB for k, v in node_memory_bytes(sized).items()}})
     results.finish(["row", "mode", "nodes", "snapshot_mib", "total_s", "predicted_s", "measured_s", "error",
-                    "max_served", "max_sent_bytes", "catalog_calls_per_s", "headroom", "loadavg_1m"])
+                    "links_only_s", "shared_cores", "max_served", "max_sent_bytes", "relay_cpu_s",
+                    "catalog_calls_per_s", "headroom", "loadavg_1m"])
 
 
 def against_testbed(results: harness.Results, paths: Sequence[Path], knobs: dict) -> Costs:
-    """Costs from ``benchmarks.fanout_net`` runs (their calibration rows and one-link copies), and the model's
-    figure beside each fan-out they measured; returns the first run's costs (for the league)."""
-    first = None
+    """Costs from ``benchmarks.fanout_net`` runs, and the model's figure beside each fan-out they measured; returns
+    the first run's costs (for the league).
+
+    Every run brings its own link (its one-link copy) and calls; the CPU constants come from the first run alone
+    and predict the others: the idle node's share of the cores, and each way's CPU per byte a node receives (the
+    testbed's processes' CPU during the transfer, less the idle nodes' over that time, over the bytes the
+    nodes received). A run's other jobs (``others_cores``) are its own: the machine it ran on, not the model."""
+    first: Costs | None = None
+    cpu: dict[str, float] = {}
+    idle = 0.0
     for path in paths:
         rows = json.loads(Path(path).read_text())["rows"]
         cal = next(r for r in rows if r["row"] == "calibration")
-        for row in (r for r in rows if r["row"] == "fanout" and r["way"] != "one_link"):
-            one = next(r for r in rows if r["row"] == "fanout" and r["way"] == "one_link"
-                       and r["snapshot_mib"] == row["snapshot_mib"] and r["round"] == row["round"])
+        fanouts = [r for r in rows if r["row"] == "fanout"]
+        if not cpu and "idle_cores_per_node" in cal:  # the first run with CPU figures calibrates the CPU
+            idle = cal["idle_cores_per_node"]
+            for way, name in (("policystore", "hop_cpu_s_per_byte"), ("ray_get", "get_cpu_s_per_byte")):
+                per_byte = [(r["cpu_s"] - r["nodes"] * idle * r["total_s"]) / ((r["nodes"] - 1) * r["snapshot_mib"]
+                                                                                 * MiB)
+                            for r in fanouts if r["way"] == way]
+                cpu[name] = max(statistics.median(per_byte), 0.0)
+            results.emit({"row": "cpu_calibration", "from": str(path), "idle_cores_per_node": idle, **cpu})
+        for row in (r for r in fanouts if r["way"] != "one_link"):
+            one = next(r for r in fanouts if r["way"] == "one_link" and r["snapshot_mib"] == row["snapshot_mib"]
+                       and r["round"] == row["round"])
             nbytes = row["snapshot_mib"] * MiB
             link = cal["rate_mbit"] * 1e6 / 8
             costs = Costs(call_s=cal["call_s"], catalog_call_s=cal["catalog_call_s"],
                           stream_bps=nbytes / one["total_s"], node_bps=link, fabric_bps=math.inf,
-                          checksum_bps=cal["checksum_bps"], copy_bps=cal["copy_bps"])
+                          checksum_bps=cal["checksum_bps"], copy_bps=cal["copy_bps"], **cpu,
+                          **({"cores": cal["cores"], "idle_cores_per_node": idle,
+                              "others_cores": max(cal["others_cores"], 0.0)} if cpu else {}))
             first = first or costs
             mode = "chain" if row["way"] == "policystore" else "ray"
+            links_only = spread(mode, row["nodes"], nbytes, replace(costs, cores=math.inf, hop_cpu_s_per_byte=0.0),
+                                **knobs).total_s
             predicted = spread(mode, row["nodes"], nbytes, costs, **knobs).total_s
             results.emit({"row": "testbed", "mode": mode, "nodes": row["nodes"], "snapshot_mib": row["snapshot_mib"],
                           "round": row["round"], "predicted_s": predicted, "measured_s": row["total_s"],
-                          "error": predicted / row["total_s"] - 1, "run_loadavg_1m": row["loadavg_1m"],
-                          **{f"cal_{k}": v for k, v in asdict(costs).items()}})
+                          "error": predicted / row["total_s"] - 1, "links_only_s": links_only,
+                          "shared_cores": costs.shared_cores(row["nodes"]) if cpu else None,
+                          "run_loadavg_1m": row["loadavg_1m"], **{f"cal_{k}": v for k, v in asdict(costs).items()}})
     if first is None:
         raise SystemExit("cluster_model: no fan-out rows in " + ", ".join(map(str, paths)))
     return first

@@ -12,6 +12,9 @@ of the same size and round), x_ray_get (over the ray_get row), sent_mib_max / re
 bytes on its link during that way's transfer, from the namespace's eth0 counters: TCP retransmissions count) and,
 in ``bytes`` rows, every node's sent and received MiB; for the store also what each node's relay sent
 (``relay_sent_mib``, the payload alone) and how often its fetch left a source for another (``resumed``).
+CPU: ``cpu_s`` is what the testbed's processes (every node's) used during that way's transfer, ``busy_s`` what the
+whole machine did; the calibration row has the idle testbed's cores per node and the other jobs' cores, which the
+cluster model needs to tell a link-bound figure from a figure of N nodes sharing this machine's cores.
 
 Needs root with CAP_NET_ADMIN (see ``benchmarks.netbed``); --quick: 3 nodes, 4 MiB, 200 Mbit/s, one round.
 """
@@ -33,7 +36,7 @@ import ray
 
 from . import harness
 from .harness import MiB
-from .netbed import Testbed, unavailable
+from .netbed import Testbed, cpu_seconds, machine_busy_seconds, unavailable
 
 log = logging.getLogger("benchmarks.fanout_net")
 WAYS = ("one_link", "ray_get", "policystore")
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         inner = [sys.executable, "-m", "benchmarks.fanout_net", "--inside", "--out", str(bed.temp_dir / "inner"),
                  "--nodes", str(args.nodes), "--rate-mbit", str(args.rate_mbit),
                  "--sizes-mib", ",".join(map(str, args.sizes_mib)), "--rounds", str(args.rounds)]
-        for row in bed.drive(inner):
+        for row in bed.drive(inner, env_extra={"NETBED_NAMESPACES": ",".join(bed.namespaces)}):
             results.emit(row)
     results.finish(["way", "nodes", "rate_mbit", "snapshot_mib", "round", "total_s", "floor_s", "x_one_link",
                     "x_ray_get", "sent_mib_max", "recv_mib_max", "verified", "loadavg_1m"])
@@ -103,8 +106,9 @@ def drive(args) -> None:
         warm = ray.get(source.publish.remote("fanout_warmup", MiB, 0))  # untimed: leases, handles between stores
         ray.get([r.fetch.remote("fanout_warmup", warm) for r in readers])
         ray.get([r.get.remote(ray.get(source.put.remote(MiB, 0))) for r in readers])
+        namespaces = os.environ["NETBED_NAMESPACES"].split(",")
         results.emit({"row": "calibration", "nodes": len(stores), "rate_mbit": args.rate_mbit,
-                      **calibrate(readers[0], max(args.sizes_mib) * MiB)})
+                      **calibrate(readers[0], max(args.sizes_mib) * MiB), **idle_cpu(namespaces)})
         for mib in args.sizes_mib:
             nbytes = mib * MiB
             floor = nbytes * 8 / (args.rate_mbit * 1e6)
@@ -117,16 +121,20 @@ def drive(args) -> None:
                     verified = None
                     if way == "policystore":
                         version = ray.get(source.publish.remote(f"fanout_{mib}", nbytes, round_))
+                        cpu_before = cpu_seconds(namespaces), machine_busy_seconds()
                         start = time.perf_counter()
                         per_node = ray.get([r.fetch.remote(f"fanout_{mib}", version) for r in readers])
                         total = time.perf_counter() - start
+                        cpu_after = cpu_seconds(namespaces), machine_busy_seconds()
                         verified = all(ray.get([r.verify.remote(f"fanout_{mib}", version) for r in readers]))
                     else:
                         refs = ray.get(source.put.remote(nbytes, round_))
+                        cpu_before = cpu_seconds(namespaces), machine_busy_seconds()
                         start = time.perf_counter()
                         takers = readers[:1] if way == "one_link" else readers
                         per_node = ray.get([r.get.remote(refs) for r in takers])
                         total = time.perf_counter() - start
+                        cpu_after = cpu_seconds(namespaces), machine_busy_seconds()
                         del refs
                         ray.get(source.drop.remote())
                     after = ray.get([p.link_bytes.remote() for p in probes])
@@ -135,7 +143,8 @@ def drive(args) -> None:
                     rows[way] = {"row": "fanout", "way": way, "nodes": len(stores), "rate_mbit": args.rate_mbit,
                                  "snapshot_mib": mib, "round": round_, "total_s": total, "floor_s": floor,
                                  "node_p50_s": statistics.median(per_node), "node_max_s": max(per_node),
-                                 "sent_mib_max": max(sent), "recv_mib_max": max(recv), "verified": verified}
+                                 "sent_mib_max": max(sent), "recv_mib_max": max(recv), "verified": verified,
+                                 "cpu_s": cpu_after[0] - cpu_before[0], "busy_s": cpu_after[1] - cpu_before[1]}
                     # the relays' own count (no retransmissions) and how often a fetch left its source
                     relays_now = relayed()
                     relay_mib = [round((a[0] - b[0]) / MiB, 1) for a, b in zip(relays_now, relayed_before, strict=True)]
@@ -168,6 +177,17 @@ def settle(probes: list, quiet_bytes: int = 256 << 10, within_s: float = 120.0) 
             return
         last = now
     log.warning("the links did not settle within %.0f s", within_s)
+
+
+def idle_cpu(namespaces: list[str], for_s: float = 5.0) -> dict[str, float]:
+    """What the idle testbed costs the machine's cores: its processes' CPU per node and second, and the rest of the
+    machine's (``others_cores``: other jobs), measured over ``for_s`` with nothing moving."""
+    cpu, busy, start = cpu_seconds(namespaces), machine_busy_seconds(), time.perf_counter()
+    time.sleep(for_s)
+    wall = time.perf_counter() - start
+    testbed = (cpu_seconds(namespaces) - cpu) / wall
+    return {"idle_cores_per_node": testbed / len(namespaces), "others_cores": (machine_busy_seconds() - busy) / wall
+            - testbed, "cores": os.cpu_count()}
 
 
 def calibrate(far, nbytes: int) -> dict[str, float]:

@@ -230,6 +230,27 @@ class Testbed:
                 return
 
 
+def cpu_seconds(namespaces: Sequence[str]) -> float:
+    """CPU seconds (user and system) used so far by the processes now running in ``namespaces``: what the
+    testbed's nodes cost the machine's cores, which a real cluster's nodes would each pay on their own."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for ns in namespaces:
+        for pid in Testbed.pids(ns):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                # fields after the command's closing parenthesis: utime and stime are the 12th and 13th
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent on anything but idling (``/proc/stat``), so far."""
+    cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(x) for x in cpu[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def leftovers(tag: str) -> list[str]:
     """What a testbed with ``tag`` left behind (for tests: should be nothing)."""
     found = []
