@@ -67,11 +67,68 @@ def _print_ray_stacks(capture) -> None:
                       file=sys.stderr)
 
 
+# Seconds the long test files (or tests) take on 2 cores (a whole-suite --durations run, summed per file, scaled to
+# CI's pace). pytest-xdist hands whole files to its two workers (--dist loadfile: a module's shared Ray session,
+# Algorithm or cluster stays on one worker) in the order set here, the longest first, so that both workers end
+# together instead of one finishing alone with a long file picked up last. What is not listed is short and comes
+# after, in collection order. Only the order depends on these figures: refresh them when a file grows.
+LONG = {
+    "tests/policystore/test_cluster.py": 260,
+    "tests/workers/test_workers_rollout.py": 150,
+    "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[memory_scaling]": 85,
+    "tests/policystore/test_protect.py": 78,
+    "tests/rllib/test_rllib_lifecycle.py": 72,
+    "tests/rllib/test_rllib_memory.py": 60,
+    "tests/benchmarks/test_partition_net_quick.py": 57,
+    "tests/policystore/test_watch.py": 53,
+    "tests/policystore/test_durable.py": 51,
+    "tests/trainer/test_trainer_e2e.py": 50,
+    "tests/benchmarks/test_chaos_quick.py": 46,
+    "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[league_throughput]": 46,
+    "tests/rllib/test_rllib_tune.py": 45,
+    "tests/policystore/test_remote.py": 41,
+    "tests/rllib/test_rllib_restore.py": 40,
+    "tests/test_package.py": 40,
+    "tests/policystore/test_cli_offline.py": 36,
+    "tests/benchmarks/test_fanout_net_quick.py": 35,
+    "tests/policystore/test_catalog_recovery.py": 34,
+    "tests/rllib/test_rllib_stock.py": 30,
+    "tests/rllib/test_rllib_nim.py": 30,
+    "tests/policystore/test_client.py": 28,
+    "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[publish]": 27,
+    "tests/policystore/test_metrics.py": 25,
+    "tests/test_docs.py": 24,
+    "tests/policystore/test_reader.py": 23,
+    "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results": 18,  # the other benchmarks
+}
+# Files whose tests share nothing (each runs its own subprocess): handed out test by test, so that a file of
+# several long runs is spread over both workers.
+INDEPENDENT = {"tests/benchmarks/test_benchmarks_smoke.py"}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """The long modules (RLlib training, the end-to-end run) first: pytest-xdist hands out whole files in this
-    order, so the two workers start on the longest and end together instead of one finishing alone with them."""
-    items.sort(key=lambda item: item.get_closest_marker("rllib") is None and item.get_closest_marker("slow") is None)
+    """The long files first (LONG); the sort is stable: a file's tests keep their order."""
+    def expected_s(item: pytest.Item) -> float:
+        return max((s for key, s in LONG.items() if item.nodeid.startswith(key)), default=0.0)
+
+    items.sort(key=lambda item: -expected_s(item))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, in the collection order above (xdist would hand out the files with the most tests first,
+    and so the long single-test files last), with the tests of INDEPENDENT files handed out one by one."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path in INDEPENDENT else path
+
+    config.option.loadscopereorder = False
+    return LongestFirst(config, log)
 
 
 @pytest.fixture(scope="module")
