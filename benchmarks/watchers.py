@@ -12,9 +12,9 @@ Rows, one per round: ``readers``, ``by_push`` (readers to which the new version 
 is one ``ray.get``, no store call), ``by_round_trip`` (the others: their get asks the store), ``all_readers_s``
 (publish until the last reader had the version in its push), ``catalog_watchers``, ``catalog_by_ring`` (watchers
 woken by the doorbell rather than a timeout), ``all_catalog_watchers_s``, and the thread counts (psutil
-``num_threads``) of the store, its doorbell, the catalog and its doorbell, with the same counts measured before
-any follower started (``*_idle``), and where the two cores went from the publish until every follower had
-answered: ``cpu_s_store``, ``cpu_s_doorbell``, ``cpu_s_catalog``, ``cpu_s_readers`` (all reader processes),
+``num_threads``) of the store and the catalog (each hosts its doorbell: followers wait there as coroutines), with
+the same counts measured before any follower started (``*_idle``), and where the two cores went from the publish
+until every follower had answered: ``cpu_s_store``, ``cpu_s_catalog``, ``cpu_s_readers`` (all reader processes),
 ``cpu_s_others`` (the rest of the machine: Ray's own processes, this driver) and ``cpu_s_machine`` (all of it).
 A reader is not supposed to import torch (it reads no tensor), so the machine holds more of them.
 """
@@ -74,7 +74,6 @@ class CatalogWatchers:
     async def follow_until(self, count: int, pid: str, version: int) -> list[tuple[float, bool]]:
         """Each of ``count`` watchers follows from the catalog's current event until it sees ``pid@version``
         committed: (when, whether a ring rather than a timeout woke it)."""
-        bell = await self.catalog.doorbell.remote()
         start = await self.catalog.watch.remote(0, 0)
         start = await self.catalog.watch.remote(start.seq, 0, start.epoch)  # no reset: from the current event
 
@@ -82,7 +81,7 @@ class CatalogWatchers:
             since = start.seq
             deadline = time.monotonic() + WAIT_S
             while time.monotonic() < deadline:
-                ring = await bell.wait(since, start.epoch, 0.5)
+                ring, _ = await self.catalog.bell_after_beats.remote(since, start.epoch, 0.5)
                 events = await self.catalog.watch.remote(since, 0, start.epoch)
                 woken, since = ring.seq > since, events.seq
                 if any(e.id == (pid, version) for e in events.committed):
@@ -121,9 +120,7 @@ def run(results: harness.Results, readers: int, catalog_watchers: int, rounds: i
         league = store.league
         store_actor = ray.get_actor(store_name(store.node_id, league), namespace=NAMESPACE)
         catalog = ray.get_actor(catalog_name(league), namespace=NAMESPACE)
-        pids = {"store": pid_of(store_actor), "catalog": pid_of(catalog),
-                "store_doorbell": pid_of(ray.get(store_actor.doorbell.remote()).actor),
-                "catalog_doorbell": pid_of(ray.get(catalog.doorbell.remote()).actor)}  # one process per node
+        pids = {"store": pid_of(store_actor), "catalog": pid_of(catalog)}
         idle = {f"{k}_idle": v for k, v in threads(pids).items()}
         actors: list[Any] = []
         while len(actors) < readers:  # as many as the machine holds: never into Ray's memory monitor (other jobs')
@@ -135,7 +132,7 @@ def run(results: harness.Results, readers: int, catalog_watchers: int, rounds: i
             ray.get([a.open.remote() for a in batch], timeout=600)  # each follows the policy from now on
             actors += batch
         readers = len(actors)
-        roles = {"store": [pids["store"]], "doorbell": [pids["store_doorbell"]], "catalog": [pids["catalog"]],
+        roles = {"store": [pids["store"]], "catalog": [pids["catalog"]],
                  "readers": [pid_of(a) for a in actors]}
         watchers = ray.remote(CatalogWatchers).options(num_cpus=0.001, max_concurrency=catalog_watchers + 8
                                                        ).remote(league)
@@ -181,7 +178,7 @@ def plot(rows: list[dict[str, Any]], path) -> None:
     left.set_ylabel("readers")
     left.set_title(f"{rows[0]['readers']} readers: how each new version came")
     left.legend()
-    names = ["store", "store_doorbell", "catalog", "catalog_doorbell"]
+    names = ["store", "catalog"]
     right.bar([n.replace("_", "\n") for n in names], [rows[-1][f"{n}_threads_idle"] for n in names],
               width=0.4, align="edge", label="no followers", color="tab:gray")
     right.bar([n.replace("_", "\n") for n in names], [rows[-1][f"{n}_threads"] for n in names],
@@ -208,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     results.finish(
         ["round", "readers", "by_push", "by_round_trip", "all_readers_s", "catalog_watchers", "catalog_by_ring",
          "all_catalog_watchers_s", "store_threads", "store_threads_idle", "catalog_threads", "catalog_threads_idle",
-         "store_doorbell_threads", "catalog_doorbell_threads", "loadavg_1m"],
+         "loadavg_1m"],
         plot,
     )
 

@@ -10,6 +10,11 @@ module skeleton) drop out.
   store:    every load is ``store.load_module``: parameters are views of the node's one shared copy
   private:  every load builds the module and ``load_state_dict``s the snapshot into it (RLlib's way)
 
+The store mode's rows also carry the store's fixed cost on the node, measured from outside at idle (PSS, before
+any publish): ``store_side_pss_mib`` (every process the store adds on a node: the policystore actors there but the
+catalog, ``store_side_processes`` of them), ``empty_actor_pss_mib`` (an empty Ray actor started beside them: what
+any actor costs) and ``store_side_x_empty_actor`` (goal: at most 1.5), plus ``catalog_pss_mib`` (one per cluster).
+
 Private heap = ``Anonymous`` in the worker's /proc/self/smaps_rollup, after ``gc.collect()`` and glibc's
 ``malloc_trim(0)`` (freed heap given back, so the figure is what the worker holds). Rows, per mode and size:
 ``pushed_kib_per_snapshot`` (K pushed, none read), ``first_load_kib`` (the first K loads, per load, one-time
@@ -40,6 +45,7 @@ import os
 import time
 from typing import Any
 
+import psutil
 import ray
 
 import policystore
@@ -84,6 +90,38 @@ def anonymous_bytes(pid: int) -> int:
         return next(int(line.split()[1]) * KiB for line in f if line.startswith("Anonymous:"))
 
 
+def fixed_cost(node_id: str) -> dict[str, float]:
+    """The store's processes on ``node_id`` (every policystore actor there but the catalog) and the catalog, by PSS
+    from outside, against an empty Ray actor started now (see the module's docstring)."""
+    from policystore.memory import pss_bytes
+    from policystore.remote import NAMESPACE, catalog_name
+
+    class Empty:  # defined in here, Ray ships it by value: its process imports nothing but Ray's own
+        def where(self) -> tuple[int, str]:
+            import os
+
+            import ray
+            return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    empty = ray.remote(Empty).options(num_cpus=0).remote()
+    empty_pid, _ = ray.get(empty.where.remote())
+    store_side, catalogs = [], []
+    for name in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE):
+        actor = ray.get_actor(name, namespace=NAMESPACE)
+        pid, node = ray.get(actor.__ray_call__.remote(Empty.where))
+        if name.partition("@")[0] == catalog_name():
+            catalogs.append(pid)
+        elif node == node_id:
+            store_side.append(pid)
+    harness.collect_garbage(1.0)
+    store_pss = pss_bytes(psutil.Process(pid) for pid in store_side)
+    empty_pss = pss_bytes([psutil.Process(empty_pid)])
+    ray.kill(empty)
+    return {"store_side_pss_mib": store_pss / MiB, "store_side_processes": len(store_side),
+            "empty_actor_pss_mib": empty_pss / MiB, "store_side_x_empty_actor": store_pss / empty_pss,
+            "catalog_pss_mib": pss_bytes(psutil.Process(pid) for pid in catalogs) / MiB}
+
+
 def push_and_measure(learner: Any, workers: list, store: policystore.PolicyStore, start: int, stop: int,
                      settle_s: float) -> list[int]:
     """Publish snapshots ``start..stop``, wait until every reader was told of them, and read each reader's heap."""
@@ -96,8 +134,8 @@ def push_and_measure(learner: Any, workers: list, store: policystore.PolicyStore
 
 
 def run_league(results: harness.Results, spec: NetSpec, size_mib: int, hot: int, readers: int, k: int,
-               args: Any) -> None:
-    """HOT snapshots hot on the node, READERS processes that each open K of them."""
+               args: Any) -> list[str]:
+    """HOT snapshots hot on the node, READERS processes that each open K of them; returns the goals' lines."""
     from policystore.memory import pss_bytes, session_processes
     from policystore.remote import NAMESPACE, store_name
 
@@ -122,7 +160,7 @@ def run_league(results: harness.Results, spec: NetSpec, size_mib: int, hot: int,
         harness.collect_garbage(args.settle_s)
         session_after = pss_bytes(session_processes())
         store_after = anonymous_bytes(store_pid)
-        results.emit({
+        row = results.emit({
             "mode": "league",
             "arch": spec.arch,
             "snapshot_mib": size_mib,
@@ -139,14 +177,23 @@ def run_league(results: harness.Results, spec: NetSpec, size_mib: int, hot: int,
             "copies_per_node": (session_after - session_idle) / (hot * spec.nbytes),
             "settle_s": args.settle_s,
         })
+    where = f"{hot} hot x {size_mib} MiB, {readers} readers opening {k} each, load {row['loadavg_1m']}"
+    return [goal_line("bytes per never-opened hot snapshot", row["bytes_per_unopened_snapshot"], KiB, where),
+            goal_line("copies per node", row["copies_per_node"], 1.10, where)]
 
 
-def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, k: int, args: Any) -> None:
+def goal_line(what: str, value: float, bound: float, where: str) -> str:
+    return f"{what}: {value:.3g} (goal <= {bound:g}): {'met' if value <= bound else 'MISSED'}; {where}"
+
+
+def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, k: int, args: Any) -> list[str]:
+    """One mode at one size; returns the goals' lines (the store's fixed cost, in the store mode)."""
     hot = int(2 * k * (spec.nbytes + 64 * KiB) * 1.1) + 64 * MiB
     with harness.ray_session(hot + 256 * MiB) as spill_dir:
         store = policystore.connect(policystore.StoreConfig(hot_capacity_bytes=hot, spill_dir=str(spill_dir)))
         learner = ray.remote(Learner).options(num_cpus=0.1).remote(spec)
         worker = ray.remote(Worker).options(num_cpus=0.1).remote(mode, spec)
+        fixed = fixed_cost(store.node_id) if mode == "store" else {}
         idle = ray.get(worker.private_heap_bytes.remote())
         first = ray.get(learner.publish.remote(0, k))
         store.flush()
@@ -159,7 +206,7 @@ def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, 
         before_second = ray.get(worker.private_heap_bytes.remote())
         after_second = ray.get(worker.load_and_measure.remote(second))
         per_module = (after_second - before_second) / k
-        results.emit({
+        row = results.emit({
             "mode": mode,
             "arch": spec.arch,
             "snapshot_mib": size_mib,
@@ -171,7 +218,14 @@ def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, 
             "kib_per_module_beyond_weights": (per_module - (spec.nbytes if mode == "private" else 0)) / KiB,
             "heap_idle_mib": idle / MiB,
             "settle_s": args.settle_s,
+            **fixed,
         })
+    if not fixed:
+        return []
+    where = (f"{fixed['store_side_processes']} process(es), {fixed['store_side_pss_mib']:.1f} MiB against "
+             f"{fixed['empty_actor_pss_mib']:.1f} MiB; load {row['loadavg_1m']}")
+    return [goal_line("the store's processes on a node, in empty Ray actors (PSS)", fixed["store_side_x_empty_actor"],
+                      1.5, where)]
 
 
 def plot(rows: list[dict[str, Any]], path) -> None:
@@ -214,19 +268,23 @@ def main(argv: list[str] | None = None) -> None:
     harness.setup_logging(args.verbose)
     results = harness.Results("worker_memory", args, {k: v for k, v in vars(args).items() if k != "out"})
     points = [(size, mode) for size in args.sizes_mib for mode in modes]
+    notes: list[str] = []
     with harness.progress() as bar:
         task = bar.add_task("worker_memory", total=len(points))
         for size_mib, mode in points:
             bar.update(task, description=f"{mode} {size_mib} MiB")
-            run_mode(results, mode, NetSpec.for_bytes(args.arch, size_mib * MiB), size_mib, args.snapshots, args)
+            notes += run_mode(results, mode, NetSpec.for_bytes(args.arch, size_mib * MiB), size_mib, args.snapshots,
+                              args)
             bar.advance(task)
     if args.league is not None:
         size_mib = args.sizes_mib[0]
-        run_league(results, NetSpec.for_bytes(args.arch, size_mib * MiB), size_mib, *args.league, args)
+        notes += run_league(results, NetSpec.for_bytes(args.arch, size_mib * MiB), size_mib, *args.league, args)
+    for line in notes:
+        log.info("%s", line)
     results.finish(
         ["mode", "snapshot_mib", "snapshots", "pushed_kib_per_snapshot", "first_load_kib", "kib_per_module",
-         "kib_per_module_beyond_weights", "heap_idle_mib", "loadavg_1m"],
-        plot,
+         "kib_per_module_beyond_weights", "heap_idle_mib", "store_side_x_empty_actor", "loadavg_1m"],
+        plot, notes=["Goals:", *(f"- {n}" for n in notes)],
     )
 
 

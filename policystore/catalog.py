@@ -27,8 +27,9 @@ A non-durable publish is not (its bytes live in memory and would not survive eit
 repeat, because each policy's versions are handed out from a block whose end is synced first, and a catalog that
 finds the machine rebooted continues after that block (and starts a new epoch for its watchers).
 
-Watchers (the per-node stores) wait for news on the catalog's doorbell (``doorbell()``, a small async actor the
-catalog starts and rings after every change: a waiting store holds no thread here), then ask ``watch`` for it;
+Watchers (the per-node stores) wait for news on the catalog's doorbell (``bell_after_beats``: hosted in the
+catalog's own process as coroutines, ``hosting.py``, and rung after every change: a waiting store holds no thread
+here), then ask ``watch`` for it;
 ``watch`` is served by its own concurrency group so it never holds up other calls (and can still wait itself,
 as a long poll); create the actor with ``ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(CatalogServer)``.
 """
@@ -51,7 +52,7 @@ import ray
 
 from . import catalogdb, remote
 from .catalogdb import ABORTED, COMMITTED, DELETED, RESERVED
-from .config import DEFAULT_LEAGUE, StoreConfig
+from .config import StoreConfig
 from .errors import (
     InvalidMetaError,
     InvalidOptionError,
@@ -64,9 +65,9 @@ from .errors import (
 )
 from .format import check_meta
 from .ids import SnapshotId, check_policy_id, check_version
-from .remote import WATCH_GROUP, catalog_name, store_name
+from .remote import WATCH_GROUP, store_name
 from .tombstones import Tombstones
-from .watch import Bell, node_doorbell
+from .watch import Doorbell
 from .wire import DURABLE, Adopted, CatalogEntry, CatalogEvents, CatalogHealth, Holdings, Reconciled, Ring, Summary
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,8 @@ class CatalogServer:
         self._path = Path(db_path)
         self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
         self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
-        self._bell: Bell | None = None  # found (or started) when the first watcher asks for it
+        self.bell = Doorbell()  # where the stores wait (coroutines: ``hosting.py``), rung from here
+        self._closed = threading.Event()  # ends the beats
         self._beats = 0  # rung to the doorbell by ``_beat``: the ``as_of`` of this catalog's rings
         self._calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
@@ -224,6 +226,8 @@ class CatalogServer:
             self._calls.clear()  # the rebuild's own reconcile and adopt are not calls received
         for problem in self._problems:
             log.error("catalog: %s", problem)
+        self._ring()
+        threading.Thread(target=self._beat, name="policystore-catalog-beat", daemon=True).start()
         health = self.health()
         log.info("catalog: %d snapshots of %d policies in %s (%s database, epoch %s)", health.snapshots,
                  health.policies, self._path, "new" if self._new else "existing", self._epoch)
@@ -247,6 +251,7 @@ class CatalogServer:
 
     def close(self) -> None:
         """Close the database (an orderly stop; a killed catalog loses nothing it acknowledged either)."""
+        self._closed.set()
         with self._lock:
             self._db.close()
 
@@ -515,45 +520,22 @@ class CatalogServer:
         return self._tombstones.compact({pid: floor for pid, floor in floors.items() if floor > 0})
 
     # ---- watch ---------------------------------------------------------------------------------------------
-    @_counted  # outermost: Ray may look through the wrapper to the function, which must carry the group too
-    @ray.method(concurrency_group=WATCH_GROUP)
-    def doorbell(self) -> Bell:
-        """Where watchers wait: this catalog's channel on its node's doorbell (``watch.Doorbell``), rung with its
-        event number and epoch after every change."""
-        with self._lock:
-            if self._bell is None:
-                self._bell = node_doorbell(ray.get_runtime_context().get_node_id(),
-                                           catalog_name(self.config.league or DEFAULT_LEAGUE))
-                self._ring()
-                threading.Thread(target=self._beat, name="policystore-catalog-beat", daemon=True).start()
-            return self._bell
-
     def _beat(self) -> None:
-        """Ring the doorbell every ``poll_s / 2`` whether or not anything changed, each beat after the doorbell
-        took the last one: the catalog's own word, to every store at once, that it had no news after its ``seq``.
-        Idle stores wait for it on the doorbell (``Doorbell.after_beats``) and never call the catalog, so an idle
-        cluster costs the catalog one doorbell call per beat whatever its node count; a stuck catalog (its lock
-        held) beats no more, and its stores' ``as_of`` stops moving, as it would without beats."""
-        while True:
-            time.sleep(self.config.poll_s / 2)
+        """Ring the doorbell every ``poll_s / 2`` whether or not anything changed: the catalog's own word, to every
+        store at once, that it had no news after its ``seq``. Idle stores wait for it on the doorbell
+        (``Doorbell.after_beats``) and never call the catalog, so an idle cluster costs the catalog nothing per
+        node; a stuck catalog (its lock held) beats no more, and its stores' ``as_of`` stops moving, as it would
+        without beats."""
+        while not self._closed.wait(self.config.poll_s / 2):
             with self._lock:
                 self._beats += 1
-                taken = self._bell.ring(Ring(self._seq, self._beats, self._epoch))
-            try:
-                remote.get(taken, self.config.call_timeout_s, "the catalog's doorbell", "ring")
-            except Exception as exc:  # the doorbell restarting: the stores call the catalog meanwhile
-                log.warning("catalog: a beat was not taken (%s)", type(exc).__name__)
+                self._ring()
 
     def _ring(self) -> None:
-        """Tell the doorbell the current event number (caller holds the lock: rings go out in order). Never fails
-        the change just made: watchers that miss a ring ask anyway within half a poll."""
-        if self._bell is not None:
-            try:
-                self._bell.ring(Ring(self._seq, self._beats, self._epoch))
-            except Exception as exc:
-                log.warning("catalog: ringing the doorbell failed (%s)", type(exc).__name__)
+        """Tell the doorbell the current event number (caller holds the lock: rings go out in order)."""
+        self.bell.ring(Ring(self._seq, self._beats, self._epoch))
 
-    @_counted  # outermost, as for doorbell
+    @_counted  # outermost: Ray may look through the wrapper to the function, which must carry the group too
     @ray.method(concurrency_group=WATCH_GROUP, enable_task_events=False)  # several calls a second per store
     def watch(self, since: int, timeout_s: float, epoch: str | None = None) -> CatalogEvents:
         """Commits and deletes after event ``since``: at once if there are some, else when one happens or after

@@ -30,7 +30,7 @@ class StoreConfig:
     max_concurrency: threads in the store actor, so reads are never queued behind a slow restore or publish.
     max_watchers: threads of the store's and the catalog's "watch" concurrency group (separate from
         ``max_concurrency``), which answer followers that have news waiting. Followers wait for news on a doorbell
-        (a small async actor beside each store and the catalog) and hold none of these threads meanwhile, so any
+        (coroutines in the store's and the catalog's own process) and hold none of these threads meanwhile, so any
         number of readers and stores follow by push.
     max_staleness_s: how old a reader's pushed view of the league may be before ``get(pid)`` of the latest version
         falls back to asking the store. A version committed more than this long before a ``get(pid)`` is never

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from . import errors
+from . import errors, hosting
 from .config import DEFAULT_LEAGUE
 from .errors import DeadlineExceededError, PolicyStoreError, StoreUnavailableError, brief
 
@@ -30,7 +30,6 @@ WATCH_GROUP = "watch"  # the stores' and the catalog's concurrency group of the 
 NAMESPACE = "policystore"  # the Ray namespace of every league's actors (their names carry the league)
 CATALOG_NAME = "policystore-catalog"  # the default league's catalog
 _STORE_PREFIX = "policystore-"
-_DOORBELL_PREFIX = "policystore-doorbell-"
 _RETRY_EVERY_S = 0.1  # between the attempts of a call asked again while its actor restarts
 _POLL_S = 0.1  # how often a stoppable wait checks whether to stop
 _SETTING = "StoreConfig.call_timeout_s"  # what sets the deadlines of calls to the project's own actors
@@ -53,19 +52,12 @@ def store_name(node_id: str, league: str = DEFAULT_LEAGUE) -> str:
     return f"{_STORE_PREFIX}{node_id}" if league == DEFAULT_LEAGUE else f"{_STORE_PREFIX}{node_id}@{league}"
 
 
-def doorbell_name(node_id: str) -> str:
-    """The node's doorbell (``watch.Doorbell``): one per node, shared by every league's store and catalog."""
-    return f"{_DOORBELL_PREFIX}{node_id}"
-
-
 def describe(name: str) -> str:
     """What errors call the actor named ``name``: "catalog of league 'x'", "store of league 'x' on node n"."""
     base, _, league = name.partition("@")
     league = league or DEFAULT_LEAGUE
     if base == CATALOG_NAME:
         return f"catalog of league {league!r}"
-    if base.startswith(_DOORBELL_PREFIX):
-        return f"doorbell of node {base[len(_DOORBELL_PREFIX):]}"
     if base.startswith(_STORE_PREFIX):
         return f"store of league {league!r} on node {base[len(_STORE_PREFIX):]}"
     return f"actor {name!r}"
@@ -91,20 +83,24 @@ def detached(name: str) -> dict[str, object]:
 
 
 @functools.cache
-def _actor_class(cls: type, watchers: int | None) -> Any:
-    """``cls`` as a Ray actor class; ``watchers``: its ``watch`` calls run in their own group of that many threads
-    (followers wait on a doorbell actor, not on these threads)."""
+def _actor_class(cls: type, watchers: int | None, threads: int) -> Any:
+    """``cls`` as a Ray actor class; ``watchers``: it hosts its doorbell (``hosting.py``, ``cls``'s ``bell``) and
+    its ``watch`` calls run in their own group of that many threads, beside the ``threads`` of its other calls."""
     if watchers is None:
         return ray.remote(cls)
-    return ray.remote(concurrency_groups={WATCH_GROUP: watchers})(cls)
+    return hosting.actor_class(cls, {None: threads, WATCH_GROUP: watchers})
 
 
 def start(cls: type, name: str, *args: Any, watchers: int | None = None, options: dict[str, Any] | None = None,
           **kwargs: Any) -> ActorHandle:
     """The named actor ``name`` of ``cls``: found if it runs, else started (detached, see ``detached``) with
-    ``cls(*args, **kwargs)`` and the Ray ``options`` given (over those defaults). Returns at once: its first call
+    ``cls(*args, **kwargs)`` and the Ray ``options`` given (over those defaults). ``watchers``: ``cls`` hosts its
+    doorbell, followers' calls get that many threads of their own (``_actor_class``) and its other calls
+    ``options["max_concurrency"]`` (one by default, as Ray gives a plain actor). Returns at once: its first call
     waits for its start."""
-    actor = _actor_class(cls, watchers).options(**{**detached(name), **(options or {})}).remote(*args, **kwargs)
+    options = {**detached(name), **(options or {})}
+    threads = options.setdefault("max_concurrency", 1) if watchers is not None else 0
+    actor = _actor_class(cls, watchers, threads).options(**options).remote(*args, **kwargs)
     return _named(actor, name)
 
 

@@ -12,7 +12,8 @@ gets of one missing snapshot share a single restore or fetch.
 It pushes rather than being polled (``watch.py``): a thread follows the catalog (latest versions, deletes),
 waiting for news on the catalog's doorbell, and ``watch`` hands the node's readers those changes plus the
 snapshots that become hot here, with their refs, for the policies each reader follows. Readers wait for news on
-this store's doorbell (a small async actor it starts and rings), so none of them holds a thread here. A publish
+this store's doorbell, hosted in its own process as coroutines (``hosting.py``), so none of them holds a thread
+of the store. A publish
 arrives as a staging file in /dev/shm that the publisher packed straight into; the store maps it, copies it
 once into the object store and removes it.
 
@@ -44,7 +45,7 @@ from .store_publish import Publisher
 from .store_state import StoreState
 from .store_tiers import RETRY_INTERVAL_S, Tiers
 from .transfer import Relay, Route
-from .watch import Bell, node_doorbell
+from .watch import Doorbell
 from .wire import (
     DURABLE,
     CatalogEntry,
@@ -80,8 +81,7 @@ class StoreServer:
         state.relay = Relay(ray.util.get_node_ip_address(), self.fetcher.whole_copy,
                             on_served=lambda: state.count("served"))
         self.follower.start()
-        # the node's readers wait on its doorbell, not on threads of this actor
-        self._bell = node_doorbell(node_id, store_name(node_id, state.league))
+        self.bell = Doorbell()  # where the node's readers wait (coroutines: ``hosting.py``), rung from here
         threading.Thread(target=self._ring_doorbell, name="policystore-doorbell", daemon=True).start()
         threading.Thread(target=self._every_few_seconds, name="policystore-periodic", daemon=True).start()
         log.info("policystore on node %s: %d snapshots on %s, hot capacity %d bytes",
@@ -94,16 +94,11 @@ class StoreServer:
         readers' long polls, so it never waits behind calls queued on the rebuilding catalog."""
         return self.follower.holdings()
 
-    @ray.method(concurrency_group=WATCH_GROUP)
-    def doorbell(self) -> Bell:
-        """Where readers wait for news of this store's feed: its channel on the node's ``watch.Doorbell``."""
-        return self._bell
-
     @ray.method(concurrency_group=WATCH_GROUP, enable_task_events=False)  # called by every follower: see watch.py
     def watch(self, since: int, timeout_s: float, used: Sequence[SnapshotId] = (), follows: Sequence[str] = (),
               adopt: Sequence[str] = ()) -> StoreEvents:
         """The node's league changes after event ``since`` (waiting at most ``timeout_s`` for one; followers pass
-        0 and wait on the doorbell instead), for readers.
+        0 and wait on the doorbell, ``bell_wait``, instead), for readers.
 
         ``used``: the pushed snapshots the reader opened since its last call, marked recently used here (a read of
         a pushed ref never calls the store, so this is how its reads keep the LRU order honest). ``follows``: the
@@ -168,7 +163,7 @@ class StoreServer:
         return rows
 
     def stats(self) -> StoreStats:
-        watchers = self._waiting()
+        watchers = self.bell.waiters()
         with self.state.lock:
             entries = [e for _, e in self.state.items_locked()]
             return StoreStats(
@@ -190,13 +185,6 @@ class StoreServer:
                     "hits", "misses", "evictions", "restores", "fetches", "publishes", "spill_errors", "corrupt_reads"
                 )},
             )
-
-    def _waiting(self) -> int:
-        """Readers waiting on the doorbell now (-1: it did not answer within a second)."""
-        try:
-            return remote.get(self._bell.waiters(), 1.0, "the node's doorbell", "waiters")
-        except Exception:
-            return -1
 
     def store_config(self) -> StoreConfig:
         return self.config
@@ -277,9 +265,5 @@ class StoreServer:
         """Tell the doorbell every change of the feed (news, a newer ``as_of``), in order, from this one thread."""
         last: Ring | None = None
         while True:
-            ring = self.state.feed.next_ring(last, self.config.poll_s)
-            try:
-                self._bell.ring(ring)
-            except Exception as exc:  # Ray restarts it; the next ring tells it again
-                log.warning("ringing the doorbell failed (%s)", type(exc).__name__)
-            last = ring
+            last = self.state.feed.next_ring(last, self.config.poll_s)
+            self.bell.ring(last)

@@ -99,16 +99,13 @@ class CatalogFollower:
         nothing."""
         since, epoch, failures = 0, None, 0
         heard = None  # the last catalog epoch applied: a different one is a new database, re-register with it
-        bell = None
         limit = self.state.config.poll_s * 2 + 10
         while True:
             try:
-                if bell is None:
-                    bell = remote.call(self.state.catalog, "doorbell", timeout_s=limit)
                 if epoch is not None:
                     asked = time.monotonic()
-                    ring, proven = remote.get(bell.after_beats(since, epoch, self.state.config.poll_s * 4), limit,
-                                               "the catalog's doorbell", "after_beats")
+                    ring, proven = remote.call(self.state.catalog, "bell_after_beats", since, epoch,
+                                               self.state.config.poll_s * 4, timeout_s=limit)
                     if proven and ring.seq == since and ring.epoch == epoch:  # idle: the catalog's beat says so
                         failures = 0
                         self.state.feed.heard_until(asked)
@@ -117,7 +114,6 @@ class CatalogFollower:
                 events: CatalogEvents = remote.call(self.state.catalog, "watch", since if epoch else 0, 0,
                                                     timeout_s=limit)
             except Exception as exc:  # catalog restarting: readers see the feed go stale and ask directly
-                bell = None  # a restarted catalog may stand on another node
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
                     log.warning("following the catalog failed (%s: %s)", type(exc).__name__, brief(exc))

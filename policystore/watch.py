@@ -2,8 +2,8 @@
 
 Store side, ``Feed``: numbered events (a policy's latest version changed; a snapshot became hot on the node, with
 its header and object ref; a snapshot stopped being hot; a snapshot was deleted) that ``StoreServer.watch`` hands
-out. ``Doorbell``: a small async actor per node (a channel each for the node's stores and the catalog) on which
-followers wait for news, one coroutine each, so no follower holds a thread of the store or catalog. Reader side,
+out. ``Doorbell``: hosted in the store's (and the catalog's) own process, where followers wait for news, one
+coroutine each, so no follower holds a thread of the store or catalog (``hosting.py``). Reader side,
 ``Follower``: one daemon thread per process and node store that waits on the doorbell and asks the store what
 changed when it rings, holding the pushed refs of the policies the process opened (so a get of a pushed version
 is one ``ray.get``, no actor call) and dropping them when the store says a snapshot is gone (so eviction frees the
@@ -33,25 +33,19 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from . import remote
 from .config import DEFAULT_LEAGUE, StoreConfig
 from .format import Header, parse_head
 from .ids import SnapshotId
 from .protect import open_shared
-from .remote import doorbell_name, store_name
+from .remote import store_name
 from .snapshot import Snapshot
 from .wire import FeedEpoch, HotSnapshot, Ring, StoreEvents
 
 log = logging.getLogger(__name__)
 
 _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
-# Followers a doorbell serves at once: one coroutine each (no thread), so this only bounds a runaway caller.
-MAX_WAITERS = 100_000
-# Task events (Ray's state API and dashboard) off for the calls every follower makes several times a second: each
-# is a record kept in the caller and the callee until flushed, per call, for nothing anyone looks at.
-_TASK_EVENTS = False
 
 
 def current_ray_session() -> str | None:
@@ -185,13 +179,13 @@ class Feed:
             return self._latest.get(policy_id)
 
     def ring(self) -> Ring:
-        """What the node's doorbell should say now."""
+        """What the store's doorbell should say now."""
         with self._cond:
             return Ring(self._seq, self._as_of, self.epoch)
 
     def next_ring(self, last: Ring | None, timeout_s: float) -> Ring:
         """The doorbell's next word: as soon as it differs from ``last`` (news, or a newer ``as_of``), else after
-        ``timeout_s`` (a doorbell restarted meanwhile learns it again). It names the policies the news since
+        ``timeout_s`` (a heartbeat). It names the policies the news since
         ``last`` is about, so that the doorbell wakes early only the followers of those."""
         def moved() -> bool:
             return last is None or (self._seq, self._as_of, self.epoch) != (last.seq, last.as_of, last.epoch)
@@ -252,157 +246,136 @@ class Feed:
 
 
 class Doorbell:
-    """Run as one small async Ray actor per node, shared by every store and catalog on it (each rings a channel
-    named for itself): followers wait here for news, each as one coroutine of one event loop, never as a thread of
-    the store or catalog; they call those only when there is news (or reads to report). Ray serves an actor's
-    methods either on threads or, if any method is async, all on event loops (a blocking method then stalls the
-    others), so the threaded store and catalog keep their threads and hand the waiting to this actor. One per node,
-    not one per store: it is one idle process per node whatever the number of leagues, and a store or catalog
-    started anew finds it running.
+    """Where followers wait for news of one store or catalog: hosted inside that actor's own process
+    (``hosting.py``), each waiter one coroutine on the actor's ``bell`` event loop, never a thread of it; followers
+    call the store or catalog itself only when there is news (or reads to report).
 
-    A store (or catalog) rings its channel with its feed's ``Ring`` whenever it changes, from one thread (Ray keeps
-    one caller's calls in order). A channel not rung yet, or a restarted doorbell, knows nothing ("" epoch) until
-    the next ring, which comes within a poll interval: meanwhile its waiters time out and ask their store."""
+    The actor rings it with its feed's ``Ring`` whenever that changes, from one thread of its own (``ring`` is
+    thread-safe and never waits). A doorbell not rung yet knows nothing ("" epoch): its waiters time out and ask
+    their store (the first ring comes at once)."""
 
     def __init__(self) -> None:
-        self._rings: dict[str, Ring] = {}
-        self._news: dict[str, asyncio.Future] = {}
-        self._waiting: dict[str, int] = {}
-        self._about: dict[str, dict[str, int]] = {}  # channel -> policy -> the last event about it
-        self._for_all: dict[str, int] = {}  # channel -> the last event about everyone
+        self._lock = threading.Lock()  # rung from the actor's threads, waited on from its event loop
+        self._ring = _SILENT
+        self._about: dict[str, int] = {}  # policy -> the last event about it
+        self._for_all = 0  # the last event about everyone
+        self._waiting = 0
+        self._news: set[asyncio.Future] = set()  # the waiters to wake at the next news
         # a catalog's beats (rings whose ``as_of`` moved): how many arrived, whether the last followed its
         # predecessor (as_of + 1: the same catalog sent it after that one was taken), and who waits for the next
-        self._beats: dict[str, int] = {}
-        self._in_turn: dict[str, bool] = {}
-        self._beat: dict[str, asyncio.Future] = {}
+        self._beats = 0
+        self._in_turn = False
+        self._beat: set[asyncio.Future] = set()
 
-    @ray.method(enable_task_events=_TASK_EVENTS)
-    async def ring(self, channel: str, ring: Ring) -> None:
-        last = self._rings.get(channel, _SILENT)
-        self._rings[channel] = ring
-        if ring.epoch != last.epoch:  # another feed (numbered anew), or news this doorbell missed: for everyone
-            self._about[channel] = {}
-        if ring.everyone or ring.epoch != last.epoch:
-            self._for_all[channel] = ring.seq
-        self._about.setdefault(channel, {}).update(dict.fromkeys(ring.touched, ring.seq))
-        if ring.as_of != last.as_of:
-            self._beats[channel] = self._beats.get(channel, 0) + 1
-            self._in_turn[channel] = ring.as_of == last.as_of + 1
-            beat = self._beat.pop(channel, None)
-            if beat is not None and not beat.done():
-                beat.set_result(None)
-        news = self._news.get(channel)
-        if (ring.seq, ring.epoch) != (last.seq, last.epoch) and news is not None and not news.done():
-            news.set_result(None)
+    def ring(self, ring: Ring) -> None:
+        with self._lock:
+            last, self._ring = self._ring, ring
+            if ring.epoch != last.epoch:  # another feed (numbered anew), or news this doorbell missed: for everyone
+                self._about = {}
+            if ring.everyone or ring.epoch != last.epoch:
+                self._for_all = ring.seq
+            self._about.update(dict.fromkeys(ring.touched, ring.seq))
+            woken: set[asyncio.Future] = set()
+            if ring.as_of != last.as_of:
+                self._beats += 1
+                self._in_turn = ring.as_of == last.as_of + 1
+                woken, self._beat = self._beat, set()
+            if (ring.seq, ring.epoch) != (last.seq, last.epoch):
+                woken |= self._news
+                self._news = set()
+        for waiter in woken:  # each on the loop it waits on (this may be another thread)
+            waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
-    def _quiet(self, channel: str, since: int, epoch: FeedEpoch | str, follows: Collection[str] | None) -> bool:
-        """Whether the channel holds no news for a follower that has heard up to ``since`` in ``epoch`` and
-        follows ``follows`` (None: every policy)."""
-        ring = self._rings.get(channel, _SILENT)
+    def _quiet(self, since: int, epoch: FeedEpoch | str, follows: Collection[str] | None) -> bool:
+        """Whether the doorbell holds no news for a follower that has heard up to ``since`` in ``epoch`` and
+        follows ``follows`` (None: every policy); caller holds the lock."""
+        ring = self._ring
         if ring.epoch not in ("", epoch):
             return False
         if ring.seq <= since:
             return True
         if follows is None:
             return False
-        about = self._about.get(channel, {})
-        return self._for_all.get(channel, 0) <= since and all(about.get(pid, 0) <= since for pid in follows)
+        return self._for_all <= since and all(self._about.get(pid, 0) <= since for pid in follows)
 
-    @ray.method(enable_task_events=_TASK_EVENTS)
-    async def wait(self, channel: str, since: int, epoch: FeedEpoch | str, timeout_s: float,
-                   follows: Collection[str] | None = None) -> Ring:
-        """The channel's ring, once it names an event after ``since`` or another epoch than ``epoch`` (the
-        caller's), or after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens).
-        ``follows``: the policies the caller follows; news about others waits for the heartbeat (a reader pays
-        for the snapshots it plays, not one call per publish of the league's other policies)."""
+    async def _until(self, deadline: float, done: Callable[[], bool], beats: bool = False) -> bool:
+        """Wait until ``done()`` (asked under the lock after every ring) or the loop's ``deadline``; whether done.
+        ``beats``: a beat wakes it too, not only news."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(max(float(timeout_s), 0.0), 60.0)
-        self._waiting[channel] = self._waiting.get(channel, 0) + 1
-        try:
-            while self._quiet(channel, since, epoch, follows):
+        while True:
+            with self._lock:
+                if done():
+                    return True
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    break
-                news = self._news.get(channel)
-                if news is None or news.done():
-                    news = self._news[channel] = loop.create_future()
-                try:
-                    await asyncio.wait_for(asyncio.shield(news), remaining)
-                except asyncio.TimeoutError:
-                    break
-        finally:
-            self._waiting[channel] -= 1
-        return self._rings.get(channel, _SILENT)
+                    return False
+                waiter = loop.create_future()
+                self._news.add(waiter)
+                if beats:
+                    self._beat.add(waiter)
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except asyncio.TimeoutError:
+                return False
+            finally:  # a waiter that timed out (or was cancelled) is no longer anyone's to wake
+                with self._lock:
+                    self._news.discard(waiter)
+                    self._beat.discard(waiter)
 
-    @ray.method(enable_task_events=_TASK_EVENTS)
-    async def after_beats(self, channel: str, since: int, epoch: str, timeout_s: float) -> tuple[Ring, bool]:
+    async def wait(self, since: int, epoch: FeedEpoch | str, timeout_s: float,
+                   follows: Collection[str] | None = None) -> Ring:
+        """The ring, once it names an event after ``since`` or another epoch than ``epoch`` (the caller's), or
+        after ``timeout_s`` (a heartbeat: a store's ``as_of`` moves on while nothing happens). ``follows``: the
+        policies the caller follows; news about others waits for the heartbeat (a reader pays for the snapshots it
+        plays, not one call per publish of the league's other policies)."""
+        deadline = asyncio.get_running_loop().time() + min(max(float(timeout_s), 0.0), 60.0)
+        with self._lock:
+            self._waiting += 1
+        try:
+            await self._until(deadline, lambda: not self._quiet(since, epoch, follows))
+        finally:
+            with self._lock:
+                self._waiting -= 1
+        return self._ring
+
+    async def after_beats(self, since: int, epoch: str, timeout_s: float) -> tuple[Ring, bool]:
         """A catalog's ring once it names an event after ``since`` (or another epoch), or once it is a beat the
         catalog sent after this call arrived: then True, and the ring is the catalog's own word that it had no
         news after ``since`` at a time later than the caller's call (``as_of`` may move to the call's start),
         though the caller never called the catalog. False after ``timeout_s`` (the catalog is stuck, gone or cut
         off: nothing is proven). The catalog beats once per taken beat (``catalog._beat``), so the second beat to
         arrive after this call, if it follows the first in turn, was sent after this call arrived."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(max(float(timeout_s), 0.0), 60.0)
-        arrived = self._beats.get(channel, 0)
-        self._waiting[channel] = self._waiting.get(channel, 0) + 1
+        deadline = asyncio.get_running_loop().time() + min(max(float(timeout_s), 0.0), 60.0)
+        with self._lock:
+            arrived = self._beats
+            self._waiting += 1
+        proven = False
+
+        def done() -> bool:
+            nonlocal proven
+            if not self._quiet(since, epoch, None):
+                return True
+            proven = self._beats >= arrived + 2 and self._in_turn
+            return proven
+
         try:
-            while self._quiet(channel, since, epoch, None):
-                if self._beats.get(channel, 0) >= arrived + 2 and self._in_turn.get(channel):
-                    return self._rings[channel], True
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                beat = self._beat.get(channel)
-                if beat is None or beat.done():
-                    beat = self._beat[channel] = loop.create_future()
-                news = self._news.get(channel)
-                if news is None or news.done():
-                    news = self._news[channel] = loop.create_future()
-                await asyncio.wait([asyncio.shield(beat), asyncio.shield(news)], timeout=remaining,
-                                   return_when=asyncio.FIRST_COMPLETED)
+            await self._until(deadline, done, beats=True)
         finally:
-            self._waiting[channel] -= 1
-        return self._rings.get(channel, _SILENT), False
+            with self._lock:
+                self._waiting -= 1
+        return self._ring, proven
 
-    async def waiters(self, channel: str) -> int:
-        """Followers waiting on ``channel`` now."""
-        return self._waiting.get(channel, 0)
-
-
-_SILENT = Ring(0, -math.inf, "")  # a channel nobody has rung yet
+    def waiters(self) -> int:
+        """Followers waiting now."""
+        return self._waiting
 
 
-@dataclass(frozen=True)
-class Bell:
-    """One store's or catalog's channel on its node's doorbell: what a follower is handed to wait on."""
-
-    actor: ray.actor.ActorHandle
-    channel: str
-
-    def ring(self, ring: Ring) -> ray.ObjectRef:
-        """Ring the channel; the ref says when the doorbell took it (most ringers never wait for that)."""
-        return remote.send(self.actor, "ring", self.channel, ring)
-
-    def wait(self, since: int, epoch: FeedEpoch | str, timeout_s: float, follows: Collection[str] | None = None
-             ) -> ray.ObjectRef:
-        """A ref to the ring after ``since`` (see ``Doorbell.wait``)."""
-        return remote.send(self.actor, "wait", self.channel, since, epoch, timeout_s, follows)
-
-    def after_beats(self, since: int, epoch: str, timeout_s: float) -> ray.ObjectRef:
-        """A ref to a catalog's ring after ``since``, or to its next beat (see ``Doorbell.after_beats``)."""
-        return remote.send(self.actor, "after_beats", self.channel, since, epoch, timeout_s)
-
-    def waiters(self) -> ray.ObjectRef:
-        return remote.send(self.actor, "waiters", self.channel)
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
-def node_doorbell(node_id: str, channel: str) -> Bell:
-    """``channel`` on the doorbell of ``node_id``, started if missing (creation is atomic in Ray's GCS). Detached:
-    it outlives the stores and catalogs that ring it, so one started anew finds it running."""
-    actor = remote.start(Doorbell, doorbell_name(node_id), options={
-        "max_concurrency": MAX_WAITERS, "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)})
-    return Bell(actor, channel)
+_SILENT = Ring(0, -math.inf, "")  # a doorbell nobody has rung yet
 
 
 @dataclass(frozen=True)
@@ -445,7 +418,6 @@ class Follower:
         self._name = store_name(node_id, config.league or DEFAULT_LEAGUE)
         self._on_catalog = on_catalog  # told the catalog's epoch: a new one numbers versions anew
         self._actor: ray.actor.ActorHandle | None = None  # looked up by name: a store started anew is found
-        self._bell: Bell | None = None  # that store's channel on the node's doorbell (asked of the store)
         self._poll_s = config.poll_s
         self._max_staleness_s = config.max_staleness_s
         self._on_deleted = on_deleted
@@ -566,18 +538,14 @@ class Follower:
         while not self._stop.is_set() and current_ray_session() == session:
             try:
                 if self._actor is None:
-                    self._actor, self._bell = remote.find(self._name), None
-                if self._bell is None:
-                    self._bell = self._wait(remote.send(self._actor, "doorbell"), session, limit, "doorbell")
-                    if self._bell is None:
-                        return
+                    self._actor = remote.find(self._name)
                 if news or self._used or self._adopt:
                     if not self._call_store(session, limit):
                         return
                 with self._lock:
                     follows = tuple(self._follows)
-                ring = self._wait(self._bell.wait(self._seq, self._epoch or "", self._poll_s, follows), session, limit,
-                                  "wait")
+                ring = self._wait(remote.send(self._actor, "bell_wait", self._seq, self._epoch or "", self._poll_s,
+                                              follows), session, limit, "bell_wait")
                 if ring is None:
                     return
                 news = not self._heard(ring)
@@ -585,7 +553,7 @@ class Follower:
                 if self._stop.is_set() or current_ray_session() != session:
                     return
                 if remote.died(exc):
-                    self._actor = self._bell = None  # stopped for good (or not there yet): find its successor
+                    self._actor = None  # stopped for good (or not there yet): find its successor
                 news = True
                 failures += 1
                 if failures == 1 or failures % 100 == 0:

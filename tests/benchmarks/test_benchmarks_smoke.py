@@ -29,7 +29,7 @@ EXPECTED = {
     "publish": ["snapshot_mib", "memcpy_ms", "publish_ms", "durable_ms", "publish_x_memcpy"],
     "league_throughput": ["loadavg_1m"],  # plus the keys of its row kind, below
     "watchers": ["readers", "by_push", "by_round_trip", "all_readers_s", "catalog_watchers", "catalog_by_ring",
-                 "all_catalog_watchers_s", "store_threads", "catalog_threads", "store_doorbell_threads"],
+                 "all_catalog_watchers_s", "store_threads", "catalog_threads"],
     "worker_memory": ["snapshot_mib", "snapshots", "pushed_kib_per_snapshot", "first_load_kib", "kib_per_module",
                       "kib_per_module_beyond_weights", "loadavg_1m"],
     "soak": ["ops", "loadavg_1m"],

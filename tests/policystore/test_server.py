@@ -307,9 +307,8 @@ def test_one_store_per_node_found_by_every_worker_and_taking_no_cpu(make_store, 
     ids = set(ray.get([r.store_actor_id.remote() for r in readers]))
     assert ids == {store_actor_info()[0]}
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("policystore")]
-    # the store, the catalog, and the node's doorbell that both ring (one per node, shared)
-    assert sorted(names) == sorted([f"policystore-{store.node_id}", "policystore-catalog",
-                                    f"policystore-doorbell-{store.node_id}"])
+    # the store and the catalog, each hosting its own doorbell: no other process
+    assert sorted(names) == sorted([f"policystore-{store.node_id}", "policystore-catalog"])
     placement = ray.get(store_actor().__ray_call__.remote(
         lambda self: (ray.get_runtime_context().get_node_id(), ray.get_runtime_context().get_assigned_resources())
     ))

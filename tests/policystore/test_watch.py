@@ -145,21 +145,22 @@ def test_the_feed_hands_each_follower_the_changes_since_its_last_event():
 
 def test_the_doorbell_wakes_a_follower_early_only_for_news_about_what_it_follows():
     """The feed's rings name the policies their news is about (deletes and new epochs: everyone), and the doorbell
-    (its class on one event loop, no Ray) wakes a follower of ``p`` for ``p``'s news and a delete at once, while
-    news about ``q`` reaches it only with its heartbeat; a follower of everything wakes for any news."""
+    (its class on one event loop, no Ray, rung from another thread as the store does) wakes a follower of ``p``
+    for ``p``'s news and a delete at once, while news about ``q`` reaches it only with its heartbeat; a follower of
+    everything wakes for any news."""
     feed, bell = Feed(), Doorbell()
 
     async def rung(last):
         ring = feed.next_ring(last, 0)
-        await bell.ring("s", ring)
+        await asyncio.to_thread(bell.ring, ring)
         await asyncio.sleep(0.05)  # the woken waiters run
         return ring
 
     async def scenario():
         first = await rung(None)
         assert first.everyone
-        of_p = asyncio.ensure_future(bell.wait("s", first.seq, first.epoch, WAIT_S, ["p"]))
-        of_all = asyncio.ensure_future(bell.wait("s", first.seq, first.epoch, WAIT_S))
+        of_p = asyncio.ensure_future(bell.wait(first.seq, first.epoch, WAIT_S, ["p"]))
+        of_all = asyncio.ensure_future(bell.wait(first.seq, first.epoch, WAIT_S))
         feed.raise_latest("q", 1)
         ring = await rung(first)
         assert (ring.touched, ring.everyone) == (("q",), False)
@@ -168,13 +169,13 @@ def test_the_doorbell_wakes_a_follower_early_only_for_news_about_what_it_follows
         feed.hot(HotSnapshot(SnapshotId("p", 1), b"", [None]))
         ring = await rung(ring)
         assert (ring.touched, ring.everyone) == (("p",), False) and of_p.done() and of_p.result().seq == ring.seq
-        of_p = asyncio.ensure_future(bell.wait("s", ring.seq, ring.epoch, WAIT_S, ["p"]))
+        of_p = asyncio.ensure_future(bell.wait(ring.seq, ring.epoch, WAIT_S, ["p"]))
         feed.deleted(SnapshotId("q", 1))
         ring = await rung(ring)
         assert ring.everyone and of_p.done()
         feed.raise_latest("q", 2)
         ring = await rung(ring)
-        heartbeat = await bell.wait("s", ring.seq - 1, ring.epoch, 0.2, ["p"])  # times out, then tells the news
+        heartbeat = await bell.wait(ring.seq - 1, ring.epoch, 0.2, ["p"])  # times out, then tells the news
         assert heartbeat.seq == ring.seq
 
     asyncio.run(scenario())
@@ -378,10 +379,10 @@ def test_more_followers_than_watch_threads_all_get_pushes(make_store, reader):
     store.publish("p", net().state_dict())
     for r in readers:
         assert ray.get(r.open.remote("p")) == ("p", 1)
-    bell = ray.get(ray.get_actor(store_name(store.node_id), namespace=NAMESPACE).doorbell.remote())
-    ring = ray.get(bell.wait(0, "", 0))
-    waits = [bell.wait(ring.seq, ring.epoch, WAIT_S) for _ in range(200)]  # far more than any thread pool
-    eventually(lambda: ray.get(bell.waiters()) >= 200, "200 waiters on the doorbell at once")
+    actor = ray.get_actor(store_name(store.node_id), namespace=NAMESPACE)
+    ring = ray.get(actor.bell_wait.remote(0, "", 0))
+    waits = [actor.bell_wait.remote(ring.seq, ring.epoch, WAIT_S) for _ in range(200)]  # more than any thread pool
+    eventually(lambda: store.stats().watchers >= 200, "200 waiters on the doorbell at once")
     store.publish("p", net().state_dict())
     assert all(r.seq > ring.seq for r in ray.get(waits, timeout=WAIT_S))  # every waiter woke with the news
     for r in readers:
