@@ -677,7 +677,7 @@ def main() -> None:
     parser.add_argument("--spill-mib", type=int, default=512, help="the spill disk (a tmpfs) every node shares")
     args = parser.parse_args()
     if args.quick:
-        args.minutes, args.procs, args.fault_every_s, args.read_gap_ms = 0.35, 2, 2.5, 250.0
+        args.minutes, args.procs, args.fault_every_s, args.read_gap_ms = 0.25, 2, 2.5, 250.0
         args.min_faults = max(args.min_faults, 4)
     args.warmup_s = 5.0
     harness.setup_logging(args.verbose)
