@@ -2,7 +2,8 @@
 
     python -m benchmarks.rllib_memory --quick
     python -m benchmarks.rllib_memory --env-runners 2,4 --frozen 8,16,32 --hidden 1024
-    python -m benchmarks.rllib_memory --job train --env-runners 2 --frozen 8,16,32 --hidden 1024
+    python -m benchmarks.rllib_memory --job train --env-runners 2 --frozen 8,16,32 --modes rllib+store none
+    python -m benchmarks.rllib_memory --job churn --env-runners 2 --hidden 1024 --modes rllib+store none rllib
 
 For every (mode, N) it starts a fresh Ray session (object-store pages touched before would look free), builds PPO
 on two-agent CartPole (examples/rllib_cartpole_league.py) with N remote EnvRunners plus RLlib's local one, trains
@@ -12,8 +13,11 @@ EnvRunner plays K+1 episodes, so each one has run every frozen module. Stock RLl
 example does (``add_module`` + ``set_state``: the copy is also on the Learner); the store mode calls
 ``policystore.rllib.add_frozen``. ``--job freeze`` (the default) only freezes between readings; ``--job train``
 runs one ``train()`` after every freeze, as a league job does (the Learner updates ``main``, weights are synced to
-every EnvRunner, the freshly frozen copy is played in that iteration). ``--learners 1`` puts the Learner in its
-own process (RLlib's default here, 0, keeps it in the driver).
+every EnvRunner, the freshly frozen copy is played in that iteration); ``--job churn`` is a league of at most
+``--cap`` opponents that freezes one, drops the oldest and trains, every iteration, read every 10th. Mode ``none``
+is the control: the same job on stock RLlib with nothing frozen (agent 1 plays ``main_v0``), i.e. RLlib's and Ray's
+own growth over the same iterations. ``--learners 1`` puts the Learner in its own process (RLlib's default here, 0,
+keeps it in the driver).
 
 Rows (``what`` says which is which; PSS and USS in MiB):
 
@@ -33,6 +37,12 @@ Rows (``what`` says which is which; PSS and USS in MiB):
 - ``process``: the node row's delta split by process (column ``process``): ``driver`` (with the Learner when
   ``--learners 0``), ``learner_<i>``, ``env_runner_<i>``, ``store_actor``, ``catalog_actor``, and ``rest`` (every
   other process of the session: raylet with the object store, GCS, Ray's helpers).
+- ``objects``: the bytes of live objects in the object store by the processes holding a reference to them
+  (``process``: e.g. ``driver+env_runner_1+env_runner_2+store_actor``): the snapshots the league plays, and any
+  object still alive or borrowed at the reading.
+- ``summary`` (a run with ``rllib+store`` and ``none``): ``league_copies`` = the store's ``copies_live`` minus the
+  control's ``control_copies_live``: the league's own share once RLlib's and Ray's growth over the same iterations
+  is taken out.
 """
 
 from __future__ import annotations
@@ -59,9 +69,10 @@ from benchmarks.harness import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("rllib", "rllib+store")
+MODES = ("rllib", "rllib+store", "none")
 COLUMNS = ["job", "mode", "env_runners", "frozen", "iteration", "what", "process", "pss_mib", "uss_mib",
-           "copies_per_node", "live_mib", "copies_live", "held", "module_mib", "loadavg_1m"]
+           "copies_per_node", "live_mib", "copies_live", "control_copies_live", "league_copies", "held", "module_mib",
+           "loadavg_1m"]
 JOBS = ("freeze", "train", "churn")
 
 
@@ -81,6 +92,30 @@ def live_bytes() -> int:
     moved weights through the object store, new snapshots reuse those pages and the node delta undercounts them."""
     parts = pss_breakdown_bytes([psutil.Process(pid) for pid in session_pids() if psutil.pid_exists(pid)])
     return parts["anon"] + parts["file"] + object_store_used_bytes()
+
+
+def objects_by_holder(roles: dict[str, int]) -> dict[str, int]:
+    """Bytes of the live objects in the object store, by the processes that hold a reference to each (``"store_actor"``,
+    ``"driver+env_runner_1"``, ...; ``rest`` for any other process): where the object store's part of the live count
+    is, and who keeps it alive."""
+    import ray
+    from ray._private.internal_api import node_stats
+
+    node = ray._private.worker._global_node
+    reply = node_stats(node.node_ip_address, node.node_manager_port, include_memory_info=True)
+    role_of = {pid: role for role, pid in roles.items()}
+    holders: dict[bytes, set[str]] = {}
+    sizes: dict[bytes, int] = {}
+    for worker in reply.core_workers_stats:
+        for ref in worker.object_refs:
+            if ref.object_size > 0:
+                holders.setdefault(ref.object_id, set()).add(role_of.get(worker.pid, "rest"))
+                sizes[ref.object_id] = ref.object_size
+    out: dict[str, int] = {}
+    for object_id, who in holders.items():
+        key = "+".join(sorted(who))
+        out[key] = out.get(key, 0) + sizes[object_id]
+    return out
 
 
 def per_pid(pid: int) -> tuple[int, int]:
@@ -190,7 +225,7 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
     (churn)."""
     from examples.rllib_cartpole_league import freeze, ppo_config, round_robin_mapping, unfreeze
 
-    stock = mode == "rllib"
+    stock, league = mode != "rllib+store", mode != "none"
     config = ppo_config(env_runners=env_runners, hidden=hidden, store=not stock).learners(num_learners=learners)
     algorithm = config.build_algo()
     try:
@@ -205,9 +240,13 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
         for k, iteration in readings(job, frozen, cap, iterations):
             while len(have) < k or algorithm.iteration < iteration:
                 have.append(f"main_v{len(have) + 1}" if job != "churn" else f"main_v{algorithm.iteration}")
-                freeze(algorithm, have[-1], round_robin_mapping(have[-cap:] if job == "churn" else have), stock=stock)
+                if league:
+                    freeze(algorithm, have[-1], round_robin_mapping(have[-cap:] if job == "churn" else have),
+                           stock=stock)
                 if job == "churn" and len(have) > cap:
-                    unfreeze(algorithm, have.pop(0), round_robin_mapping(have), stock=stock)
+                    dropped = have.pop(0)
+                    if league:
+                        unfreeze(algorithm, dropped, round_robin_mapping(have), stock=stock)
                 if job != "freeze":
                     algorithm.train()
                 advance()
@@ -234,6 +273,8 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
                 base = base_roles.get(role, (0, 0))
                 results.emit({**point, "what": "process", "process": role, "pss_mib": round((pss - base[0]) / MiB, 1),
                               "uss_mib": round((uss - base[1]) / MiB, 1)})
+            for holders, nbytes in sorted(objects_by_holder(roles).items()):
+                results.emit({**point, "what": "objects", "process": holders, "live_mib": round(nbytes / MiB, 1)})
             if not stock:
                 emit_actors(results, point, algorithm)
     finally:
@@ -246,6 +287,22 @@ def emit_actors(results: Results, point: dict[str, Any], algorithm: Any) -> None
         if pid is not None:
             pss, uss = pss_uss([pid])
             results.emit({**point, "what": what, "pss_mib": round(pss / MiB, 1), "uss_mib": round(uss / MiB, 1)})
+
+
+def league_copies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``summary`` rows where a run measured both the store and ``none`` (the same training, nothing frozen): the
+    league's own share of the live count, ``league_copies`` = the store's ``copies_live`` minus the control's
+    (RLlib's and Ray's growth over the same iterations)."""
+    live = {(r["job"], r["mode"], r["env_runners"], r["frozen"], r["iteration"]): r["copies_live"]
+            for r in rows if r["what"] == "node_live"}
+    out = []
+    for (job, mode, n, k, iteration), copies in live.items():
+        control = live.get((job, "none", n, k, iteration))
+        if mode == "rllib+store" and control is not None:
+            out.append({"job": job, "mode": mode, "env_runners": n, "frozen": k, "iteration": iteration,
+                        "what": "summary", "copies_live": copies, "control_copies_live": control,
+                        "league_copies": round(copies - control, 2)})
+    return out
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -307,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
                 with ray_session(object_store_bytes=1_500_000_000, num_cpus=2):
                     measure(results, args.job, mode, n, frozen, args.hidden, args.learners,
                             lambda: bar.advance(task), args.cap, args.iterations)
+    for row in league_copies(results.rows):
+        results.emit(row)
     results.finish(COLUMNS, plot, notes=[
         "node: delta over the same Algorithm with no frozen module, summed over every process of the Ray session; "
         "env_runner: delta per remote EnvRunner (mean); process: the node delta split by process; store_actor, "
