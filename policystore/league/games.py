@@ -3,6 +3,7 @@ OpenSpiel game, a PettingZoo classic game, or the user's own ``Game`` from an im
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 
@@ -26,8 +27,9 @@ GAME_HELP = (f"{CONNECT4.name}, {OPENSPIEL_PREFIX}<game> (e.g. {OPENSPIEL_PREFIX
 def get_game(name: str) -> Game:
     """The game ``name`` names (see ``GAME_HELP``), made once per process.
 
-    An import path ``package.module:factory`` calls ``factory()``, which returns a ``Game``; the module must be
-    importable in every process of the run (on a cluster: on every node)."""
+    An import path ``package.module:factory`` calls ``factory()``, which returns a ``Game`` (named by the path, so
+    that ``get_game(game.name)`` finds it again); the module must be importable in every process of the run (on a
+    cluster: on every node)."""
     if name == CONNECT4.name:
         return CONNECT4
     if name.startswith(PETTINGZOO_PREFIX):
@@ -54,4 +56,4 @@ def _from_import_path(module_name: str, factory_name: str) -> Game:
     if not isinstance(game, Game):
         raise ValueError(f"{module_name}:{factory_name}() returned {type(game).__name__}, not a "
                          "policystore.league.vecgame.Game")
-    return game
+    return dataclasses.replace(game, name=f"{module_name}:{factory_name}")  # get_game(game.name) finds it again
