@@ -1,5 +1,5 @@
 """The partition scenarios' --quick run, through their real CLI, on 4 Ray nodes in network namespaces: a reader
-node's link, the head's (the catalog's) link and a learner's link mid-publish each go down for 7 s. Readers keep
+node's link, the head's (the catalog's) link and a learner's link mid-publish each go down for 8 s. Readers keep
 reading what their node holds; calls that need the catalog fail within their deadline with a PolicyStoreError;
 the cut node catches up; nothing acknowledged is lost and no version is handed out twice.
 
