@@ -64,7 +64,7 @@ from .errors import (
     brief,
 )
 from .format import check_meta
-from .ids import SnapshotId, check_policy_id, check_version
+from .ids import SnapshotId, check_policy_id, checked_id, checked_target
 from .remote import WATCH_GROUP, store_name
 from .tombstones import Tombstones
 from .watch import Doorbell
@@ -142,7 +142,7 @@ def _check_reports(entries: Sequence[tuple[Any, Any]],
 def _check_id(raw: Any) -> SnapshotId:
     """A reported snapshot id, checked (policy id, version from 1 to ``MAX_REPORTED_VERSION``)."""
     policy_id, version = raw
-    sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+    sid = checked_id(policy_id, version)
     if sid.version > MAX_REPORTED_VERSION:
         raise InvalidPolicyIdError(f"{sid}: version is beyond the catalog's limit of {MAX_REPORTED_VERSION}")
     return sid
@@ -165,7 +165,7 @@ def _check_page(limit: Any, after: Any) -> tuple[int | None, SnapshotId | None]:
         return limit, None
     try:
         policy_id, version = after
-        return limit, SnapshotId(check_policy_id(policy_id), check_version(version))
+        return limit, checked_id(policy_id, version)
     except (TypeError, ValueError) as exc:
         raise InvalidOptionError(f"list: after must be a snapshot id (policy id, version) or None, got {after!r}: "
                                  f"{exc}") from None
@@ -270,7 +270,7 @@ class CatalogServer:
     @_counted
     def commit(self, policy_id: str, version: int, node_id: str, summary: Summary) -> CatalogEntry:
         """Make a reserved version visible (synced: a committed snapshot survives a power cut)."""
-        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+        sid = checked_id(policy_id, version)
         meta = _check_summary(summary)
         _check_node(node_id)
         with self._write(durable=True) as db:
@@ -318,7 +318,7 @@ class CatalogServer:
         failed after the catalog's commit, e.g. writing the durable marker), it is deleted, so no version stays
         listed without the copy it was committed with. Its number is never handed out again; repeating is harmless.
         """
-        sid = SnapshotId(check_policy_id(policy_id), check_version(version))
+        sid = checked_id(policy_id, version)
         _check_node(node_id)
         with self._write(durable=True) as db:
             row = db.execute("SELECT state, node FROM snapshots WHERE pid = ? AND version = ?", sid).fetchone()
@@ -429,7 +429,7 @@ class CatalogServer:
     @_counted
     def lookup(self, policy_id: str, version: int | None = None) -> CatalogEntry:
         """The committed entry (the highest committed version when ``version`` is None)."""
-        check_policy_id(policy_id)
+        policy_id, version = checked_target(policy_id, version)
         with self._lock:
             row = self._db.execute("SELECT latest FROM policies WHERE pid = ?", (policy_id,)).fetchone()
             if not row or not row[0]:
@@ -438,7 +438,7 @@ class CatalogServer:
                 more = " ..." if len(known) > 20 else ""
                 hint = f"; known policies: {known[:20]}{more}" if known else " (the store is empty)"
                 raise UnknownPolicyError(f"unknown policy {policy_id!r}{hint}")
-            sid = SnapshotId(policy_id, row[0] if version is None else check_version(version))
+            sid = SnapshotId(policy_id, row[0] if version is None else version)
             try:
                 return self._entry(sid)
             except KeyError:

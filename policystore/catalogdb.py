@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CatalogDatabaseError, DiskFullError, PolicyStoreError
-from .ids import check_policy_id, check_version
+from .ids import checked_id, is_policy_id
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +199,12 @@ def _salvage(aside: Path, problems: list[str]) -> Salvage:
     try:
         seen: dict[str, int] = {}
         for pid, nxt, ceiling in rows("policies", "SELECT pid, next, ceiling FROM policies"):
-            if _valid_id(pid) and isinstance(nxt, int) and isinstance(ceiling, int):
+            if is_policy_id(pid) and isinstance(nxt, int) and isinstance(ceiling, int):
                 out.policies[pid] = (nxt, ceiling)
         for what, query in (("holders", "SELECT pid, version, node FROM holders"),
                             ("events", "SELECT pid, version, '' FROM events")):
             for pid, version, node in rows(what, query):
-                if _valid_id(pid) and isinstance(version, int) and version > 0:
+                if is_policy_id(pid) and isinstance(version, int) and version > 0:
                     seen[pid] = max(seen.get(pid, 0), version)
                     if what == "holders" and isinstance(node, str):
                         out.holders.append((pid, version, node))
@@ -247,18 +247,9 @@ def _padded_copy(src: Path, dst: Path) -> None:
     dst.write_bytes(data)
 
 
-def _valid_id(pid: object) -> bool:
-    try:
-        check_policy_id(pid)
-        return True
-    except PolicyStoreError:
-        return False
-
-
 def _check_snapshot_row(row: tuple) -> None:
     pid, version, state, node, nbytes, checksum, meta, created, durable = row
-    check_policy_id(pid)
-    check_version(version)
+    checked_id(pid, version)
     if not (isinstance(node, str) and isinstance(nbytes, int) and isinstance(checksum, str)):
         raise ValueError(row)
     if not isinstance(json.loads(meta), dict) or not isinstance(created, (int, float)):

@@ -32,7 +32,8 @@ from .errors import (
 )
 from .format import pack
 from .hot import check_fits
-from .ids import SnapshotId, check_policy_id, check_version
+from .ids import SnapshotId, check_policy_id, checked_target
+from .latest import read_latest
 from .protect import follow_generation, open_shared
 from .remote import catalog_name, store_name
 from .session import Session, clear_cache, current_session, ensure_ray, session_key
@@ -282,17 +283,13 @@ class PolicyStore:
         and never older than a version this process already got, unless that version was deleted or no copy of it
         is left: then the newest readable one).
         """
-        check_policy_id(policy_id)
+        policy_id, version = checked_target(policy_id, version)
         session = self._live()
         if version is not None:
-            return self._get_version(session, SnapshotId(policy_id, check_version(version)))
-        heard = session.latest(policy_id, self._follower)
-        if heard is not None:
-            try:
-                return self._get_version(session, SnapshotId(policy_id, heard))
-            except (UnknownVersionError, SnapshotLostError):  # deleted (or lost) since the push named it: "latest"
-                log.info("policystore: %s@v%d is gone since the push named it; asking the store", policy_id, heard)
-        return self._resolve(session, policy_id, None)
+            return self._get_version(session, SnapshotId(policy_id, version))
+        return read_latest(policy_id, session.latest(policy_id, self._follower),
+                           lambda heard: self._get_version(session, SnapshotId(policy_id, heard)),
+                           lambda: self._resolve(session, policy_id, None), "the store")
 
     def _get_version(self, session: Session, sid: SnapshotId) -> Snapshot:
         """One version: held by this process, pushed to it, or asked of the store."""
@@ -418,9 +415,7 @@ class PolicyStore:
 
     def delete(self, policy_id: str, version: int | None = None) -> list[SnapshotId]:
         """Delete one version, or all versions of ``policy_id``, on every node. Views already held stay valid."""
-        check_policy_id(policy_id)
-        if version is not None:
-            check_version(version)
+        checked_target(policy_id, version)
         session = self._live()
         deleted = self._call("delete", policy_id, version, idempotent=False)
         for sid in deleted:
@@ -435,9 +430,7 @@ class PolicyStore:
         shared-memory copy is dropped by the store and by this process, so the next get here serves the verified
         disk copy (other processes keep the views they hold until they let go).
         """
-        check_policy_id(policy_id)
-        if version is not None:
-            check_version(version)
+        checked_target(policy_id, version)
         session = self._live()
         report: VerifyReport = self._call("verify", policy_id, version, timeout_s=self._long_timeout_s())
         if False in (report.hot, report.disk, report.durable):

@@ -33,7 +33,7 @@ import stat
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,12 +41,11 @@ import numpy as np
 from .errors import (
     CorruptSnapshotError,
     DurableTierError,
-    InvalidPolicyIdError,
     InvalidWeightsError,
     SnapshotLostError,
 )
 from .extras import missing_extra
-from .filenames import parse_name, split_name, version_name
+from .filenames import parse_name, policy_folder, policy_of, split_name, version_name
 from .format import (
     META_POLICY,
     Expected,
@@ -56,8 +55,8 @@ from .format import (
     send_checked,
     verify_buffer,
 )
-from .ids import SnapshotId, check_policy_id, check_version
-from .wire import Summary
+from .ids import SnapshotId, check_version
+from .wire import Summarized, Summary
 
 try:
     import pyarrow as pa
@@ -82,36 +81,39 @@ _RENAMES = {"local", "hdfs"}
 
 
 @dataclass(frozen=True)
-class Commit:
-    """The content of a commit marker: which data object holds the snapshot, and what it must hash to."""
+class Commit(Summarized):
+    """The content of a commit marker: which data object holds the snapshot, and its summary (what it must hash to).
 
-    policy_id: str
-    version: int
+    The marker's JSON stays flat (``policy_id``, ``version``, ``object``, the summary's fields but ``durable``,
+    ``layout``), so markers written by every earlier release still read.
+    """
+
+    id: SnapshotId
     object: str  # data object name, in the policy's folder
-    nbytes: int
-    checksum: str  # the snapshot's recorded checksum
-    meta: dict[str, Any]
-    created: float
+    summary: Summary  # durable=True: the durable tier holds it
     layout: int = LAYOUT
 
-    @property
-    def id(self) -> SnapshotId:
-        return SnapshotId(self.policy_id, self.version)
+    def body(self) -> bytes:
+        """The marker's JSON."""
+        s = self.summary
+        return json.dumps({"policy_id": self.id.policy_id, "version": self.id.version, "object": self.object,
+                           "nbytes": s.nbytes, "checksum": s.checksum, "meta": s.meta, "created": s.created,
+                           "layout": self.layout}, sort_keys=True).encode()
 
     @classmethod
     def parse(cls, body: bytes, sid: SnapshotId) -> Commit:
         """A marker's content, checked to describe ``sid`` and to name a data object of its version in its own
         folder; ValueError or TypeError otherwise."""
-        commit = cls(**json.loads(body))
+        def marker(policy_id: str, version: int, object: str, nbytes: int, checksum: str, meta: dict[str, Any],
+                   created: float, layout: int = LAYOUT) -> Commit:
+            return cls(SnapshotId(policy_id, version), object, Summary(nbytes, checksum, meta, created, True), layout)
+
+        commit = marker(**json.loads(body))  # TypeError for a missing or unknown field, or JSON that is no object
         if not (commit.id == sid and isinstance(commit.nbytes, int) and isinstance(commit.checksum, str)
                 and isinstance(commit.object, str) and posixpath.basename(commit.object) == commit.object
                 and data_version(commit.object) == sid.version):
             raise ValueError(f"it does not describe {sid}")
         return commit
-
-    def summary(self) -> Summary:
-        """What a catalog records for the snapshot."""
-        return Summary(self.nbytes, self.checksum, self.meta, self.created, durable=True)
 
 
 class DurableTier:
@@ -145,7 +147,7 @@ class DurableTier:
 
     # ---- layout --------------------------------------------------------------------------------------------
     def _folder(self, policy_id: str) -> str:
-        return posixpath.join(self.root, check_policy_id(policy_id))
+        return posixpath.join(self.root, policy_folder(policy_id))
 
     def _path(self, sid: SnapshotId, suffix: str = MARKER_SUFFIX) -> str:
         """Where ``sid``'s commit marker (or, by ``suffix``, its tombstone) lives."""
@@ -191,7 +193,7 @@ class DurableTier:
             stored = _io(lambda: self.fs.get_file_info(path), f"check {path} for {what}")
             if stored.size != header.nbytes:
                 raise DurableTierError(f"{what}: stored object {path} is {stored.size} bytes, wrote {header.nbytes}")
-            commit = Commit(*sid, name, header.nbytes, header.checksum, header.user_meta, header.created)
+            commit = Commit(sid, name, Summary.of(header, durable=True))
             if before_marker is not None:
                 before_marker()
             committing = True
@@ -237,7 +239,7 @@ class DurableTier:
         _sync_local(self.fs, path)
 
     def _put_marker(self, sid: SnapshotId, commit: Commit) -> None:
-        self._put_small(self._path(sid), json.dumps(asdict(commit), sort_keys=True).encode())
+        self._put_small(self._path(sid), commit.body())
 
     def _put_small(self, final: str, body: bytes) -> None:
         """Write a small object whole (through a temp name where the filesystem renames atomically)."""
@@ -336,12 +338,12 @@ class DurableTier:
         for sid in sorted(self.committed_ids()):
             commit = self._commit(sid, skipped)
             if commit is not None and self._data_matches(commit, skipped):
-                found.append((sid, commit.summary()))
+                found.append((sid, commit.summary))
         return found
 
     def _data_matches(self, commit: Commit, skipped: list[str] | None) -> bool:
         """Whether the data object ``commit`` names exists, has its size and a header of its snapshot."""
-        path = posixpath.join(self._folder(commit.policy_id), commit.object)
+        path = posixpath.join(self._folder(commit.id.policy_id), commit.object)
         what = f"{commit.id} (durable tier {self.uri}, {path})"
         try:
             with self.fs.open_input_file(path) as f:
@@ -390,10 +392,8 @@ class DurableTier:
         folder = posixpath.dirname(info.path)
         if info.type != pafs.FileType.File or version is None or posixpath.dirname(folder) != self.root:
             return None
-        try:
-            return SnapshotId(check_policy_id(posixpath.basename(folder)), check_version(version))
-        except InvalidPolicyIdError:
-            return None
+        policy_id = policy_of(posixpath.basename(folder))
+        return SnapshotId(policy_id, version) if policy_id is not None else None
 
     def _commit(self, sid: SnapshotId, skipped: list[str] | None = None) -> Commit | None:
         """The marker of ``sid`` if it exists and names ``sid``; an unreadable one counts as absent (logged, and

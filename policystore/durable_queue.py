@@ -30,10 +30,10 @@ from typing import TypeVar
 import numpy as np
 
 from .durable import DurableTier
-from .errors import DurableTierError, PolicyStoreError
-from .filenames import version_name, version_of
+from .errors import DurableTierError
+from .filenames import policy_of, version_name, version_of
 from .format import Header
-from .ids import SnapshotId, check_policy_id
+from .ids import SnapshotId
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,4 @@ def _record_name(sid: SnapshotId) -> str:
 def _parse_record(name: str) -> SnapshotId | None:
     policy_id, _, stem = name.rpartition("@")
     version = version_of(stem)
-    try:
-        return SnapshotId(check_policy_id(policy_id), version) if version is not None else None
-    except PolicyStoreError:
-        return None
+    return SnapshotId(policy_id, version) if version is not None and policy_of(policy_id) is not None else None

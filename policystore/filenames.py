@@ -1,4 +1,7 @@
-"""The one mapping between a snapshot's version and the names of its files, both ways, for every accepted version.
+"""The one mapping between a snapshot and the names of its folder and files, both ways, for every accepted id.
+
+A policy's files live in a folder named by its id (``policy_folder``: the one check that keeps paths inside a
+tier's root).
 
 Every file a tier keeps for a version starts with the version in decimal, zero-padded to at least 10 digits
 (``0000000042.safetensors``, ``10000000000.commit.json``, up to 19 digits for ``MAX_VERSION``); the spill tier,
@@ -9,10 +12,21 @@ is given (no extra leading zeros), so two names never claim the same version.
 
 from __future__ import annotations
 
-from .ids import MAX_VERSION, check_version
+from .ids import MAX_VERSION, check_policy_id, check_version, is_policy_id
 
 _WIDTH = 10  # the padding of every name written so far: existing folders stay readable
 _MAX_DIGITS = len(str(MAX_VERSION))
+
+
+def policy_folder(policy_id: str) -> str:
+    """The name of ``policy_id``'s folder in a tier: the id itself, checked here (and only here) on every path a
+    tier joins, so no id that slipped past a caller's check reaches outside the tier's root (``..``, ``/``)."""
+    return check_policy_id(policy_id)
+
+
+def policy_of(folder: str) -> str | None:
+    """The policy whose ``policy_folder`` is ``folder``, else None (a folder of something else)."""
+    return folder if is_policy_id(folder) else None
 
 
 def version_name(version: int, suffix: str = "") -> str:

@@ -10,11 +10,20 @@ from .errors import InvalidPolicyIdError
 _POLICY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+def is_policy_id(name: object) -> bool:
+    """Whether ``name`` is a plain name a policy may have (what ``check_policy_id`` accepts)."""
+    return isinstance(name, str) and _POLICY_ID.fullmatch(name) is not None
+
+
 def check_policy_id(policy_id: object) -> str:
-    """Return ``policy_id`` if it is a plain name, else raise InvalidPolicyIdError saying why."""
+    """Return ``policy_id`` if it is a plain name, else raise InvalidPolicyIdError saying why.
+
+    Called where an id enters: the public API, each actor's entry points, the command line; ``filenames`` checks
+    it once more where it becomes a folder name (the traversal defence). Code behind those takes it as checked.
+    """
     if not isinstance(policy_id, str):
         raise InvalidPolicyIdError(f"policy id must be a str, got {type(policy_id).__name__}: {policy_id!r}")
-    if not _POLICY_ID.fullmatch(policy_id):
+    if not is_policy_id(policy_id):
         raise InvalidPolicyIdError(
             f"invalid policy id {policy_id!r}: use 1-128 characters from [A-Za-z0-9._-], starting with a letter "
             "or digit (no path separators, no '..', not empty)"
@@ -30,6 +39,16 @@ def check_version(version: object) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
         raise InvalidPolicyIdError(f"version must be an int in [1, 2**63 - 1], got {version!r}")
     return version
+
+
+def checked_target(policy_id: object, version: object = None) -> tuple[str, int | None]:
+    """The (policy id, version or None) a call names, both checked; None stands for the latest or every version."""
+    return check_policy_id(policy_id), None if version is None else check_version(version)
+
+
+def checked_id(policy_id: object, version: object) -> SnapshotId:
+    """The snapshot id a caller names as (policy id, version), both checked."""
+    return SnapshotId(check_policy_id(policy_id), check_version(version))
 
 
 class SnapshotId(NamedTuple):

@@ -1,7 +1,7 @@
 """Read a folder of snapshot files without Ray or a running store: ``policystore.open_folder(path)``.
 
     folder = policystore.open_folder("runs/x/store")   # a store's spill folder, or a file:// durable folder
-    folder.list()                                       # [FileInfo(id=main_0@v3, nbytes=..., meta=...), ...]
+    folder.list()                                       # [FileInfo(id=main_0@v3, path=..., summary=...), ...]
     snap = folder.get("main_0")                         # latest version: read-only tensor views over the file
     weights = folder.tensors("main_0", 2)               # version 2 as plain tensors, yours to change
     folder.verify()                                     # [] when every file is whole, else one line per problem
@@ -23,7 +23,7 @@ import stat
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -35,22 +35,21 @@ from .ids import SnapshotId, check_policy_id, check_version
 from .snapfile import SpillFile, header_of, load
 from .snapshot import Snapshot
 from .spill import Survey, open_file, open_folder_fd, survey
+from .wire import Summarized, Summary
 
 _MAX_MARKER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
-class FileInfo:
-    """One snapshot file, from its header alone (``verify`` or ``get`` read the data)."""
+class FileInfo(Summarized):
+    """One snapshot file, from its header alone (``verify`` or ``get`` read the data); its ``summary`` is read as
+    ``nbytes``, ``checksum``, ``meta``, ``created``."""
 
     id: SnapshotId
     path: str
-    nbytes: int  # the snapshot buffer (header + tensors)
+    summary: Summary
     file_bytes: int  # on disk (smaller when lz4-compressed)
     compressed: bool
-    checksum: str  # recorded at publish: equal checksums, equal tensors
-    meta: dict[str, Any]
-    created: float
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,6 @@ class FolderReader:
 
     # ---- helpers ---------------------------------------------------------------------------------------------
     def _one(self, policy_id: str, version: int | None) -> _Item:
-        check_policy_id(policy_id)
         items, found = self._look(policy_id)
         versions = {item.info.id.version: item for item in items}
         damaged = {sid.version: reason for sid, _, reason in found.damaged}
@@ -208,5 +206,4 @@ def _markers(found: Survey) -> list[tuple[SnapshotId, Path]]:
 
 
 def _info(sid: SnapshotId, file: SpillFile, header: Header) -> FileInfo:
-    return FileInfo(sid, str(file.path), header.nbytes, file.file_bytes, file.compressed, header.checksum,
-                    header.user_meta, header.created)
+    return FileInfo(sid, str(file.path), Summary.of(header), file.file_bytes, file.compressed)

@@ -147,15 +147,12 @@ class StoreServer:
                 file = local.file if local is not None else None
                 rows.append(SnapshotInfo(
                     id=e.id,
-                    nbytes=local.header.nbytes if local is not None else e.summary.nbytes,
+                    summary=e.summary,
                     tier="hot" if e.id in self.state.hot else "disk" if local is not None else "remote" if e.holders
                     else "lost",
                     on_disk=file is not None,
                     file_bytes=file.file_bytes if file is not None else 0,
                     compressed=bool(file and file.compressed),
-                    meta=e.summary.meta,
-                    created=e.summary.created,
-                    checksum=e.summary.checksum,
                     holders=e.holders,
                     error=(local.corrupt or local.spill_error) if local is not None else None if e.holders else
                     "lost: no node and no durable tier holds a copy (a store died before it was spilled)",

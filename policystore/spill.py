@@ -31,10 +31,10 @@ import numpy as np
 
 from . import snapfile
 from .config import LEAGUES  # other leagues' folders under a shared spill root
-from .errors import CorruptSnapshotError, DiskFullError, InvalidPolicyIdError, SnapshotFolderError
-from .filenames import parse_name, version_name
+from .errors import CorruptSnapshotError, DiskFullError, SnapshotFolderError
+from .filenames import parse_name, policy_folder, policy_of, version_name
 from .format import Background, Expected, Header, check_identity
-from .ids import SnapshotId, check_policy_id
+from .ids import SnapshotId
 from .snapfile import LZ4_SUFFIX, RAW_SUFFIX, READ_FLAGS, NotTheFile, SpillFile
 from .wire import QuarantineRecord
 
@@ -132,15 +132,15 @@ def survey(root: Path, root_fd: int, policy_id: str | None = None, *, owner: int
         if name in (QUARANTINE, TOMBSTONES, LEAGUES) or name.startswith(CATALOG_PREFIX):
             continue
         where = root / name
+        if policy_of(name) is None:
+            found.skipped.append(f"{where}: not a policy folder")
+            continue
         try:
-            check_policy_id(name)
             with _subfolder(name, root_fd) as folder_fd:
                 if owner is not None and os.fstat(folder_fd).st_uid != owner:
                     found.skipped.append(f"{where}: owned by uid {os.fstat(folder_fd).st_uid}, not {owner}")
                     continue
                 _survey_policy(found, where, name, folder_fd, owner)
-        except InvalidPolicyIdError:
-            found.skipped.append(f"{where}: not a policy folder")
         except OSError as exc:
             if policy_id is None or exc.errno != errno.ENOENT:
                 found.skipped.append(f"{where}: {_why(exc, name, root_fd)}")
@@ -207,7 +207,7 @@ class DiskTier:
             os.fchmod(self._fd, 0o700)
 
     def path_for(self, sid: SnapshotId, compressed: bool) -> Path:
-        return self.root / check_policy_id(sid.policy_id) / file_name(sid.version, compressed)
+        return self.root / policy_folder(sid.policy_id) / file_name(sid.version, compressed)
 
     # ---- writing -------------------------------------------------------------------------------------------
     def check_room(self, nbytes: int, committed_bytes: int, pending_bytes: int, what: str) -> None:
@@ -388,7 +388,7 @@ class DiskTier:
         path = Path(file.path)
         if path.parent.parent != self.root:
             raise NotTheFile(f"{path} is not a file of the spill folder {self.root}")
-        return check_policy_id(path.parent.name), path.name
+        return policy_folder(path.parent.name), path.name
 
     @contextmanager
     def _new_file(self, policy_id: str, name: str) -> Iterator[tuple[int, int]]:

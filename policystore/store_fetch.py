@@ -20,7 +20,6 @@ from .errors import (
     DurableTierError,
     PolicyStoreError,
     SnapshotLostError,
-    UnknownVersionError,
     brief,
 )
 from .format import (
@@ -30,7 +29,8 @@ from .format import (
     head_bytes,
     parse_header,
 )
-from .ids import SnapshotId, check_policy_id, check_version
+from .ids import SnapshotId, checked_id, checked_target
+from .latest import read_latest
 from .protect import shareable, unwrap
 from .remote import store_name
 from .snapfile import SpillFile
@@ -73,19 +73,15 @@ class Fetcher:
             return self._resolve(policy_id, version)
 
     def _resolve(self, policy_id: str, version: int | None) -> HotSnapshot:
-        check_policy_id(policy_id)
+        policy_id, version = checked_target(policy_id, version)
         if version is not None:
-            return self.copy_of(SnapshotId(policy_id, check_version(version)))
-        heard = self.state.feed.latest(policy_id, self.state.config.max_staleness_s)
-        if heard is not None:
-            try:
-                return self.copy_of(SnapshotId(policy_id, heard))
-            except UnknownVersionError:  # deleted since the feed heard of it: "latest" is the catalog's to say
-                log.info("%s@v%d was deleted since this store heard of it; asking the catalog", policy_id, heard)
-            except SnapshotLostError:  # its last copy died: the catalog's latest falls back to a readable one
-                log.info("%s@v%d has no copy left; asking the catalog for the newest readable", policy_id, heard)
-        info = self.state.ask("lookup", policy_id)
-        return self.copy_of(info.id, info)
+            return self.copy_of(SnapshotId(policy_id, version))
+        def lookup() -> HotSnapshot:
+            info = self.state.ask("lookup", policy_id)
+            return self.copy_of(info.id, info)
+
+        return read_latest(policy_id, self.state.feed.latest(policy_id, self.state.config.max_staleness_s),
+                           lambda heard: self.copy_of(SnapshotId(policy_id, heard)), lookup, "the catalog")
 
     def copy_of(self, sid: SnapshotId, info: CatalogEntry | None = None) -> HotSnapshot:
         """This node's hot copy of ``sid``: restored from its spill file, or fetched from another node (``info``:
@@ -161,7 +157,7 @@ class Fetcher:
     def route(self, policy_id: str, version: int, requester: str, force: bool = False) -> Route:
         """Where another node's store (``requester``) gets its copy of a snapshot: from this node, or from the node
         named instead (``transfer.Relay.route``)."""
-        return self.state.relay.route(SnapshotId(check_policy_id(policy_id), check_version(version)), requester, force)
+        return self.state.relay.route(checked_id(policy_id, version), requester, force)
 
     def whole_copy(self, sid: SnapshotId) -> np.ndarray | None:
         """This node's whole copy of ``sid`` (restored into memory if only on disk) for a peer, or None. A copy

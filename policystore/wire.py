@@ -19,17 +19,44 @@ DURABLE = "durable"  # the holder name of the shared durable tier in catalog ent
 
 @dataclass(frozen=True)
 class Summary:
-    """What a store tells the catalog about a snapshot it commits (no bytes)."""
+    """What a snapshot's header says about it (no bytes), built here and only here from a header.
 
-    nbytes: int
-    checksum: str  # "crc32c:xxxxxxxx"
+    The one summary record: the catalog keeps it, a store tells the catalog it at commit, and every listing
+    (``SnapshotInfo``, ``reader.FileInfo``, the durable tier's commit marker, the CLI's rows) embeds it beside the
+    snapshot's id rather than restating its fields.
+    """
+
+    nbytes: int  # the snapshot buffer (header + tensors)
+    checksum: str  # "crc32c:xxxxxxxx", recorded at publish: equal checksums, equal bytes
     meta: dict[str, Any]
     created: float
-    durable: bool
+    durable: bool = False  # the publisher asked for the durable tier (what a store tells the catalog)
 
     @classmethod
-    def of(cls, header: Header, durable: bool) -> Summary:
+    def of(cls, header: Header, durable: bool = False) -> Summary:
         return cls(header.nbytes, header.checksum, header.user_meta, header.created, durable)
+
+
+class Summarized:
+    """The fields of an embedded ``summary`` under the names users read them by (``info.nbytes``, ``info.meta``)."""
+
+    summary: Summary
+
+    @property
+    def nbytes(self) -> int:
+        return self.summary.nbytes
+
+    @property
+    def checksum(self) -> str:
+        return self.summary.checksum
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.summary.meta
+
+    @property
+    def created(self) -> float:
+        return self.summary.created
 
 
 @dataclass(frozen=True)
@@ -112,20 +139,18 @@ class Ring:
 
 
 @dataclass(frozen=True)
-class SnapshotInfo:
-    """One row of ``PolicyStore.list()``: a committed snapshot and where this node holds it."""
+class SnapshotInfo(Summarized):
+    """One row of ``PolicyStore.list()``: a committed snapshot (its ``summary``, read as ``nbytes``, ``checksum``,
+    ``meta``, ``created``) and where this node holds it."""
 
     id: SnapshotId
-    nbytes: int
+    summary: Summary
     # on this node: "hot" (shared memory), "disk" (restored on the next get), "remote" (fetched on get), "lost" (no
     # node and no durable tier holds a copy: never answered as latest; a get of it raises SnapshotLostError)
     tier: str
     on_disk: bool
     file_bytes: int
     compressed: bool
-    meta: dict[str, Any]
-    created: float
-    checksum: str  # recorded at publish: equal checksums, equal bytes
     holders: tuple[str, ...]
     error: str | None = None
 

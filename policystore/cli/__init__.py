@@ -31,7 +31,7 @@ from ..errors import (
     UnknownVersionError,
 )
 from ..format import META_CHECKSUM, META_USER, verify_buffer
-from ..ids import SnapshotId, check_policy_id, check_version
+from ..ids import check_policy_id, check_version, checked_id
 from .output import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -111,7 +111,6 @@ def cmd_export(source: Source, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_import(source: Source, args: argparse.Namespace, out: Output) -> int:
-    check_policy_id(args.policy)
     extra = _meta_option(args.meta)
     weights, meta = load_weights_file(Path(args.file))
     meta.update(extra)
@@ -126,7 +125,7 @@ def cmd_rm(source: Source, args: argparse.Namespace, out: Output) -> int:
         raise UsageError(f"rm {args.policy} would delete every version: name a VERSION or pass --all")
     online = _online(source)
     sid = _select(online.rows(args.policy), args.policy, args.version).id if args.version is not None else None
-    deleted = online.delete(sid, check_policy_id(args.policy))
+    deleted = online.delete(sid, args.policy)
     out.message({"deleted": [str(s) for s in deleted]}, f"deleted {', '.join(map(str, deleted)) or 'nothing'}")
     return EXIT_OK
 
@@ -242,8 +241,6 @@ def _check_recorded(path: Path) -> None:
 
 
 def _rows(source: Source, policy_id: str | None) -> list[Row]:
-    if policy_id is not None:
-        check_policy_id(policy_id)
     rows = source.rows(policy_id)
     if policy_id is not None and not rows:
         raise UnknownPolicyError(f"no snapshot of {policy_id!r} in {source.where}")
@@ -259,7 +256,7 @@ def _page(source: Source, args: argparse.Namespace) -> list[Row]:
         policy_id, _, version = args.after.rpartition("@")
         if not version.removeprefix("v").isdigit():
             raise UsageError(f"--after takes a snapshot id POLICY@vVERSION (as ls prints), got {args.after!r}")
-        after = SnapshotId(check_policy_id(policy_id), check_version(int(version.removeprefix("v"))))
+        after = checked_id(policy_id, int(version.removeprefix("v")))
     if isinstance(source, ClusterSource):
         return source.rows(args.policy, args.limit, after)
     rows = [row for row in _rows(source, args.policy) if after is None or row.id > after]
@@ -378,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Output(args.json)
     source = None
     try:
+        if getattr(args, "policy", None) is not None:  # every command's POLICY, checked before anything is opened
+            check_policy_id(args.policy)
         source = open_source(args)
         return COMMANDS[args.command][0](source, args, out)
     except _BAD_INPUT as exc:

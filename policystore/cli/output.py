@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import PolicyStoreError
 from ..ids import SnapshotId
+from ..wire import Summarized, Summary
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
@@ -21,22 +22,20 @@ class UsageError(PolicyStoreError, ValueError):
 
 
 @dataclass
-class Row:
-    """One snapshot as the CLI shows it, whatever the source."""
+class Row(Summarized):
+    """One snapshot as the CLI shows it, whatever the source: its summary and where it is held."""
 
     id: SnapshotId
-    nbytes: int
-    checksum: str
-    meta: dict[str, Any]
-    created: float
+    summary: Summary
     holders: tuple[str, ...] = ()
     tiers: dict[str, str] = field(default_factory=dict)  # where -> tier ("hot", "disk", "remote", "durable", "file")
     file_bytes: int = 0  # bytes of files holding it (spill files on every node, or the file/object offline)
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"policy_id": self.id.policy_id, "version": self.id.version,
-                **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "id"}}
+        return {"policy_id": self.id.policy_id, "version": self.id.version, "nbytes": self.nbytes,
+                "checksum": self.checksum, "meta": self.meta, "created": self.created,
+                **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("id", "summary")}}
 
 
 @dataclass

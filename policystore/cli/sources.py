@@ -104,8 +104,7 @@ class ClusterSource(Source):
         merged: dict[SnapshotId, Row] = {}
         for node, store in self.stores.items():
             for info in store.list(policy_id, limit=limit, after=after):
-                row = merged.setdefault(info.id, Row(SnapshotId(*info.id), info.nbytes, info.checksum, info.meta,
-                                                     info.created, tuple(info.holders)))
+                row = merged.setdefault(info.id, Row(SnapshotId(*info.id), info.summary, tuple(info.holders)))
                 row.tiers[node] = info.tier
                 row.file_bytes += info.file_bytes
                 row.error = row.error or info.error
@@ -221,7 +220,7 @@ class DurableSource(Source):
             self._local.close()
 
     def rows(self, policy_id: str | None = None) -> list[Row]:
-        return [Row(sid, s.nbytes, s.checksum, s.meta, s.created, (DURABLE,), {DURABLE: DURABLE}, s.nbytes)
+        return [Row(sid, s, (DURABLE,), {DURABLE: DURABLE}, s.nbytes)
                 for sid, s in self.tier.list_committed() if policy_id is None or sid.policy_id == policy_id]
 
     def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[Verified]:
@@ -259,8 +258,8 @@ class FolderSource(Source):
             self._local.close()
 
     def rows(self, policy_id: str | None = None) -> list[Row]:
-        return [Row(info.id, info.nbytes, info.checksum, info.meta, info.created, ("folder",), {"folder": "file"},
-                    info.file_bytes) for info in self.reader.list(policy_id)]
+        return [Row(info.id, info.summary, ("folder",), {"folder": "file"}, info.file_bytes)
+                for info in self.reader.list(policy_id)]
 
     def verify(self, rows: list[Row], policy_id: str | None, version: int | None) -> list[Verified]:
         """One pass of the reader over the folder; its problems (each naming its snapshot) go to their rows."""

@@ -10,7 +10,6 @@ from ray.rllib.utils import force_list
 
 from ..config import StoreConfig, check_league
 from ..errors import ConfigError
-from ..ids import check_policy_id
 from .callback import PolicyStoreCallback
 from .env_runner import SharedEnvRunner, check_env_runner_cls
 
@@ -29,8 +28,9 @@ def with_policystore(config: Any, *, league: str | None = None, store_config: An
     included (``build_algo()`` then raises NotSetUpError saying so).
     """
     if league is not None:
-        check_league(league)  # it also names the league's store
-        check_policy_id(f"{league}.x")  # frozen snapshots are published as "<league>.<module_id>"
+        # it also names the league's store; a valid league also makes "<league>.<module_id>" (the name its frozen
+        # snapshots are published under) a valid policy id, as far as the league goes
+        check_league(league)
     if store_config is not None and not isinstance(store_config, StoreConfig):
         raise ConfigError(f"with_policystore(store_config=...) takes a policystore.StoreConfig, got "
                           f"{type(store_config).__name__}")
