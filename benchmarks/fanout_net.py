@@ -37,6 +37,7 @@ import ray
 from . import harness
 from .harness import MiB
 from .netbed import Testbed, cpu_seconds, machine_busy_seconds, unavailable
+from .probe import probe_on
 
 log = logging.getLogger("benchmarks.fanout_net")
 WAYS = ("one_link", "ray_get", "policystore")
@@ -76,8 +77,6 @@ def main(argv: list[str] | None = None) -> None:
 
 # ---- the driver, inside the head's namespace ----------------------------------------------------------------
 def drive(args) -> None:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     import policystore
     from policystore.config import StoreConfig
     from policystore.remote import NAMESPACE, store_name
@@ -90,9 +89,6 @@ def drive(args) -> None:
         head = ray.get_runtime_context().get_node_id()
         others = [n for n in stores if n != head]
 
-        def on(node: str):
-            return Probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-
         relays = [ray.get_actor(store_name(n), namespace=NAMESPACE) for n in [head, *others]]
 
         def relayed() -> list[tuple[int, int]]:
@@ -100,7 +96,7 @@ def drive(args) -> None:
             return ray.get([r.__ray_call__.remote(lambda self: (self.state.relay.sent_bytes, self.state.relay.resumed))
                             for r in relays])
 
-        source, readers = on(head), [on(n) for n in others]
+        source, readers = probe_on(head), [probe_on(n) for n in others]
         probes = [source, *readers]
         ray.get([p.node.remote() for p in probes])
         warm = ray.get(source.publish.remote("fanout_warmup", MiB, 0))  # untimed: leases, handles between stores
@@ -212,57 +208,6 @@ def calibrate(far, nbytes: int) -> dict[str, float]:
     catalog_call_s = (time.perf_counter() - start) / total
     return {"call_s": call_s, "checksum_bps": buf.nbytes / checksum_s, "copy_bps": buf.nbytes / copy_s,
             "catalog_call_s": catalog_call_s}
-
-
-@ray.remote(num_cpus=0.01)
-class Probe:
-    """One process on one node: publishes or reads through the node's store, or puts/gets a raw object."""
-
-    def ping(self) -> None:
-        return None
-
-    def node(self) -> str:
-        import policystore
-
-        policystore.connect()
-        return ray.get_runtime_context().get_node_id()
-
-    def publish(self, policy_id: str, nbytes: int, value: int) -> int:
-        import policystore
-
-        weights = {"w": np.full(nbytes // 4, value, dtype=np.float32)}
-        return policystore.connect().publish(policy_id, weights).version
-
-    def fetch(self, policy_id: str, version: int) -> float:
-        import policystore
-
-        start = time.perf_counter()
-        snap = policystore.connect().get(policy_id, version)
-        assert snap.id.version == version
-        return time.perf_counter() - start
-
-    def verify(self, policy_id: str, version: int) -> bool:
-        import policystore
-
-        return policystore.connect().verify(policy_id, version).hot is True
-
-    def put(self, nbytes: int, value: int) -> list:
-        self.obj = np.full(nbytes // 4, value, dtype=np.float32)
-        return [ray.put(self.obj)]
-
-    def drop(self) -> None:
-        self.obj = None
-
-    def get(self, refs: list) -> float:
-        start = time.perf_counter()
-        array = ray.get(refs[0])
-        assert array.nbytes > 0
-        return time.perf_counter() - start
-
-    def link_bytes(self) -> tuple[int, int]:
-        """(sent, received) bytes on this node's link (its namespace's eth0)."""
-        stats = Path("/sys/class/net/eth0/statistics")
-        return int((stats / "tx_bytes").read_text()), int((stats / "rx_bytes").read_text())
 
 
 if __name__ == "__main__":

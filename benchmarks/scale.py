@@ -41,7 +41,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import ray
 
@@ -53,6 +52,7 @@ from policystore.wire import Summary
 
 from . import harness
 from .harness import MiB
+from .probe import probe_on
 
 log = logging.getLogger("benchmarks.scale")
 OPS = ("publish", "reserve_commit", "lookup_latest", "lookup_version", "list_policy", "list_all", "hold", "watch")
@@ -202,46 +202,8 @@ def run_size(results: harness.Results, n: int, args, workdir: Path) -> None:
 
 
 # ---- fan-out ---------------------------------------------------------------------------------------------------
-@ray.remote(num_cpus=0.01)
-class Reader:
-    """One process on one node: fetches through the node's store, or holds/gets a raw object."""
-
-    def node(self) -> str:
-        """Also connects to the node's store, so that the timed fetches start warm."""
-        import policystore
-
-        policystore.connect()
-        return ray.get_runtime_context().get_node_id()
-
-    def publish(self, policy_id: str, nbytes: int, value: int) -> int:
-        import policystore
-
-        weights = {"w": np.full(nbytes // 4, value, dtype=np.float32)}
-        return policystore.connect().publish(policy_id, weights).version
-
-    def fetch(self, policy_id: str, version: int) -> float:
-        import policystore
-
-        store = policystore.connect()
-        start = time.perf_counter()
-        snap = store.get(policy_id, version)
-        assert snap.id.version == version
-        return time.perf_counter() - start
-
-    def put(self, nbytes: int, value: int) -> list:
-        self.obj = np.full(nbytes // 4, value, dtype=np.float32)
-        return [ray.put(self.obj)]
-
-    def get(self, refs: list) -> float:
-        start = time.perf_counter()
-        array = ray.get(refs[0])
-        assert array.nbytes > 0
-        return time.perf_counter() - start
-
-
 def fanout(results: harness.Results, args) -> None:
     from ray.cluster_utils import Cluster
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     import policystore
 
@@ -264,10 +226,7 @@ def fanout(results: harness.Results, args) -> None:
                 for n in nodes])
         head = cluster.head_node.node_id
 
-        def on(node: str):
-            return Reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-
-        source, readers = on(head), [on(n) for n in nodes if n != head]
+        source, readers = probe_on(head), [probe_on(n) for n in nodes if n != head]
         ray.get([r.node.remote() for r in [source, *readers]])
         # untimed warm-up of both paths (worker leases, actor handles between stores), so that round 0 measures
         # the transfer, not the cluster's first calls
