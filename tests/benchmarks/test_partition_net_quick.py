@@ -7,32 +7,10 @@ It needs root with CAP_NET_ADMIN (CI runs as root) and skips with the reason oth
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import uuid
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-CHECK = subprocess.run([sys.executable, "-m", "benchmarks.netbed", "--check"], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=60)
 MUST_BE_ZERO = ("reads_failed", "hung", "unclear", "lost", "half_visible", "reused", "not_caught_up")
-REASON = CHECK.stdout.strip() if CHECK.returncode else None
 
-
-@pytest.mark.skipif(REASON is not None, reason=REASON or "")
-def test_quick_partitions_keep_readers_playing_fail_clearly_and_lose_nothing(tmp_path):
-    tag = f"p{uuid.uuid4().hex[:3]}"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.partition_net", "--quick", "--tag", tag, "--out", str(tmp_path / "out")],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    rows = {r["scenario"]: r for r in map(json.loads, filter(lambda x: x.startswith("{"), run.stdout.splitlines()))}
+def test_quick_partitions_keep_readers_playing_fail_clearly_and_lose_nothing(quick_on_testbed):
+    rows = {r["scenario"]: r for r in quick_on_testbed("benchmarks.partition_net", 600)}
     assert set(rows) == {"node", "head", "learner"}
     for row in rows.values():
         # the benchmark's must-be-zero counts (its docstring says what each counts)
@@ -41,6 +19,3 @@ def test_quick_partitions_keep_readers_playing_fail_clearly_and_lose_nothing(tmp
         assert row["fail_s"] <= 2 * row["deadline_s"] + 2, row  # a deadline, never a hang
     assert rows["node"]["reads_ok"] > 0 and rows["head"]["reads_ok"] > 0
     assert rows["node"]["caught_up_s"] is not None and rows["head"]["caught_up_s"] is not None
-    left = subprocess.run([sys.executable, "-m", "benchmarks.netbed", "--leftovers", tag], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=60)
-    assert json.loads(left.stdout) == []
