@@ -16,7 +16,7 @@ import policystore
 from policystore.catalog import MAX_REPORTED_VERSION
 from policystore.durable import DurableTier, data_version, marker_version
 from policystore.errors import InvalidPolicyIdError
-from policystore.filenames import parse_name, split_name, version_name, version_of
+from policystore.filenames import parse_name, policy_folder, policy_of, split_name, version_name, version_of
 from policystore.format import pack, parse_header
 from policystore.ids import MAX_VERSION, SnapshotId
 from policystore.remote import NAMESPACE, store_name
@@ -45,6 +45,17 @@ def test_every_tier_names_and_parses_through_the_one_helper(version):
                                   "0000000001.safetensors.gz", "0000000001"])
 def test_names_that_are_not_a_version_are_refused(name):
     assert parse_file_name(name) is None
+
+
+@pytest.mark.parametrize("bad", ["..", "../x", "a/b", "/abs", "", ".hidden", "x" * 129, "sp ace"])
+def test_no_tier_joins_a_path_outside_its_root(bad, tmp_path):
+    """The one traversal check: every tier's path goes through ``policy_folder``, whatever its caller checked."""
+    with pytest.raises(InvalidPolicyIdError):
+        policy_folder(bad)
+    assert policy_of(bad) is None
+    with pytest.raises(InvalidPolicyIdError):
+        DurableTier.open(f"file://{tmp_path}").deleted(SnapshotId(bad, 1))
+    assert policy_of("main_0") == policy_folder("main_0") == "main_0"
 
 
 def _store_pid(store) -> int:
