@@ -183,7 +183,7 @@ def run_league(results: harness.Results, spec: NetSpec, size_mib: int, hot: int,
 
 
 def goal_line(what: str, value: float, bound: float, where: str) -> str:
-    return f"{what}: {value:.3g} (goal <= {bound:g}): {'met' if value <= bound else 'MISSED'}; {where}"
+    return f"{what}: {value:.4g} (goal <= {bound:g}): {'met' if value <= bound else 'MISSED'}; {where}"
 
 
 def run_mode(results: harness.Results, mode: str, spec: NetSpec, size_mib: int, k: int, args: Any) -> list[str]:
