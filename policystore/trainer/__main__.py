@@ -20,7 +20,7 @@ import dataclasses
 import sys
 
 from policystore import logs
-from policystore.league.games import CONNECT4, GAME_HELP, get_game
+from policystore.league.games import GAME_HELP, get_game
 from policystore.league.vecgame import check_game
 from policystore.trainer.config import DEFAULT_MINUTES, TrainConfig
 from policystore.trainer.run import train_in
@@ -96,25 +96,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The run's config: the defaults with what the command line sets. The scripted players and the random
-    openings are Connect Four's, so other games train without them."""
+    """The run's config: the defaults with what the command line sets. Scripted players, random openings, the
+    tactics and the search loss apply where the game has them (Connect Four's); other games train without them."""
     d = TrainConfig()
-    connect4 = args.game == CONNECT4.name
+    game = get_game(args.game)
+    scripted = tuple(n for n in args.scripted.split(",") if n) if args.scripted_share else ()
+    if scripted == d.league.scripted and not set(scripted) <= set(game.baselines):
+        scripted = ()  # the default's players are Connect Four's; a name typed for another game is refused below
     return TrainConfig(
         minutes=args.minutes if args.minutes is not None else DEFAULT_MINUTES, game=args.game, seed=args.seed,
         workers=args.workers, games_per_match=args.games_per_match, hidden=args.hidden,
         learner_gpus=args.gpus_per_learner, num_cpus=args.num_cpus, reference_games=args.reference_games,
         publish_every=args.publish_every, mirror=not args.no_mirror,
-        opening_share=args.opening_share if connect4 else 0.0,
+        opening_share=args.opening_share if game.opening else 0.0,
         ppo=dataclasses.replace(d.ppo, epochs=args.ppo_epochs, entropy_coef=args.entropy_coef,
-                                lr_final=args.lr_final, tactics_coef=args.tactics_coef if connect4 else 0.0,
-                                search_coef=args.search_coef if connect4 else 0.0,
+                                lr_final=args.lr_final, tactics_coef=args.tactics_coef if game.tactics else 0.0,
+                                search_coef=args.search_coef if game.search else 0.0,
                                 search_positions=args.search_positions, search_sims=args.search_sims),
         league=dataclasses.replace(d.league, main_agents=args.main_agents, main_exploiters=args.main_exploiters,
                                    league_exploiters=args.league_exploiters, main_share=args.main_share,
-                                   scripted=tuple(n for n in args.scripted.split(",") if n)
-                                   if connect4 and args.scripted_share else (),
-                                   scripted_share=args.scripted_share if connect4 else 0.0))
+                                   scripted=scripted, scripted_share=args.scripted_share if scripted else 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:
