@@ -9,6 +9,7 @@ from __future__ import annotations
 
 MUST_BE_ZERO = ("reads_failed", "hung", "unclear", "lost", "half_visible", "reused", "not_caught_up")
 
+
 def test_quick_partitions_keep_readers_playing_fail_clearly_and_lose_nothing(quick_on_testbed):
     rows = {r["scenario"]: r for r in quick_on_testbed("benchmarks.partition_net", 600)}
     assert set(rows) == {"node", "head", "learner"}
