@@ -113,6 +113,7 @@ class SharedModulesMixin:
         """RLlib's stop; the local EnvRunner of an Algorithm (``Algorithm.stop()``) also releases the job's store:
         its snapshots (but durable or kept ones), its store actors and its disk tier (settings.py)."""
         super().stop()
+        faults.forget(self)
         if self._owner is None or self._not_set_up is not None:
             return
         owner = self._owner()
@@ -184,7 +185,7 @@ class SharedModulesMixin:
             self._set_mapping_fn(state.mapping_fn)
         if state.policies_to_train is not None:
             self.config.multi_agent(policies_to_train=state.policies_to_train)
-        faults.watch([(mid, sid, self.module[mid]) for mid, sid in self._frozen.items()],
+        faults.watch(self, [(mid, sid, self.module[mid]) for mid, sid in self._frozen.items()],
                      f"EnvRunner {self.worker_index} (pid {os.getpid()})", self._policystore_log_dir)
         return complete
 

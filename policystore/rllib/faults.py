@@ -42,8 +42,9 @@ _HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.sigaction.argtypes = (ctypes.c_int, ctypes.POINTER(_Sigaction), ctypes.POINTER(_Sigaction))
 _lock = threading.Lock()
-_ranges: tuple[tuple[int, int, bytes], ...] = ()  # (first address, end, the line to leave) per frozen module
-_record: bytes | None = None  # the file the line goes to
+# (first address, end, the line to leave, the file it goes to or None) per frozen module of this process
+_ranges: tuple[tuple[int, int, bytes, bytes | None], ...] = ()
+_by_owner: dict[int, tuple[tuple[int, int, bytes, bytes | None], ...]] = {}  # per EnvRunner of this process
 _previous = _Sigaction()
 _installed: Any = None  # the ctypes handler, kept alive while installed
 
@@ -51,23 +52,26 @@ _installed: Any = None  # the ctypes handler, kept alive while installed
 def _on_segv(signum: int, info: int, context: int) -> None:
     try:
         address = ctypes.c_void_p.from_address(info + _SI_ADDR_OFFSET).value or 0
-        line = next((line for lo, hi, line in _ranges if lo <= address < hi), None)
-        if line is not None:
+        hit = next(((line, record) for lo, hi, line, record in _ranges if lo <= address < hi), None)
+        if hit is not None:
+            line, record = hit
             os.write(2, line)
-            if _record is not None:
-                fd = os.open(_record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            if record is not None:
+                fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                 os.write(fd, line)
                 os.close(fd)
     finally:  # the write runs again on return and meets faulthandler's handler (or the default): the process dies
         _libc.sigaction(signal.SIGSEGV, ctypes.byref(_previous), None)
 
 
-def watch(modules: Iterable[tuple[str, Any, Any]], who: str, log_dir: str | None) -> None:
-    """Name these frozen modules (``(module id, snapshot id, module)`` of this process's store-backed ones) if a
-    write into their weights kills this process; ``who`` says which process (an EnvRunner and its pid)."""
-    global _ranges, _record, _installed
+def watch(owner: object, modules: Iterable[tuple[str, Any, Any]], who: str, log_dir: str | None) -> None:
+    """Name these frozen modules of ``owner`` (an EnvRunner: ``(module id, snapshot id, module)`` of its
+    store-backed ones) if a write into their weights kills this process; ``who`` says which EnvRunner and pid. A
+    later call for the same owner replaces its modules; ``forget`` drops them."""
+    global _installed
     if not sys.platform.startswith("linux"):
         return
+    record = os.path.join(log_dir, FOLDER, f"{os.getpid()}.txt").encode() if log_dir is not None else None
     ranges = []
     for module_id, snapshot, module in modules:
         tensors = [t for t in module.state_dict().values() if t.device.type == "cpu" and t.numel()]
@@ -77,18 +81,32 @@ def watch(modules: Iterable[tuple[str, Any, Any]], who: str, log_dir: str | None
                     f"them, copy them first ({{k: v.clone() for k, v in module.state_dict().items()}}) and freeze "
                     f"the copy under a new id\n")
             ranges.append((min(t.data_ptr() for t in tensors),
-                           max(t.data_ptr() + t.numel() * t.element_size() for t in tensors), line.encode()))
+                           max(t.data_ptr() + t.numel() * t.element_size() for t in tensors), line.encode(), record))
+    if ranges and log_dir is not None:
+        os.makedirs(os.path.join(log_dir, FOLDER), exist_ok=True)
     with _lock:
-        _ranges = tuple(ranges)
-        if log_dir is not None:
-            _record = os.path.join(log_dir, FOLDER, f"{os.getpid()}.txt").encode()
-            os.makedirs(os.path.join(log_dir, FOLDER), exist_ok=True)
+        _set(owner, tuple(ranges))
         if _installed is None and ranges:
             handler = _HANDLER(_on_segv)
             action = _Sigaction(handler=ctypes.cast(handler, ctypes.c_void_p).value,
                                 flags=_SA_SIGINFO | _SA_RESETHAND)
             if _libc.sigaction(signal.SIGSEGV, ctypes.byref(action), ctypes.byref(_previous)) == 0:
                 _installed = handler
+
+
+def forget(owner: object) -> None:
+    """``owner`` (an EnvRunner being stopped) no longer holds frozen modules: their addresses may hold anything."""
+    with _lock:
+        _set(owner, ())
+
+
+def _set(owner: object, ranges: tuple[tuple[int, int, bytes, bytes | None], ...]) -> None:
+    global _ranges
+    if ranges:
+        _by_owner[id(owner)] = ranges
+    else:
+        _by_owner.pop(id(owner), None)
+    _ranges = tuple(r for owned in _by_owner.values() for r in owned)  # one assignment: the handler reads it whole
 
 
 def report(log_dir: str) -> list[str]:

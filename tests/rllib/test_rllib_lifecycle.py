@@ -200,10 +200,14 @@ def test_the_jobs_end_removes_its_store_and_disk_tier_but_what_it_keeps(algo):
     store, league = league_store(algo), league_name(algo)
     folder = Path(store.stats().spill_dir)
     node = ray.get_runtime_context().get_node_id()
+
+    def store_running() -> bool:
+        return any(a["name"] == store_name(node, league) for a in ray.util.list_named_actors(all_namespaces=True))
+
+    assert store_running()
     algo.stop()
     algo._policystore_test_stopped = True
-    assert ray.util.list_named_actors(all_namespaces=True)
-    assert not any(a["name"] == store_name(node, league) for a in ray.util.list_named_actors(all_namespaces=True))
+    assert not store_running()
     kept = {p.parent.name.rsplit(".", 1)[1] for p in folder.rglob("*.safetensors*")}
     assert kept == {"kept", "durable"}  # the rest was deleted, the store stopped
     shutil.rmtree(os.path.join(algo.logdir, "policystore-spill"))  # what the test kept on purpose
