@@ -5,13 +5,15 @@ snapshots of --policies policies (one in --durable-every durable, the rest non-d
 --keep versions of each, deleting older ones alternately through the store (``PolicyStore.delete``) and through
 the catalog actor (as any driver can). An operation is one publish or one delete.
 
-Rows: one ``sample`` every --sample-ops operations (operations so far, seconds, the PSS of the catalog actor's and
-of the store actor's process in MiB, the durable tier's commit markers, data objects and tombstones, the spill
-folder's files), then one ``growth`` row: the least-squares slope per 1,000 operations of each, over the samples
-after the first quarter of the run (start-up and warm caches excluded). Before each sample the catalog folds the
-durable tier's tombstones into one floor per policy (``compact_tombstones``; --no-compact: never, and the tier
-keeps one tombstone per deleted version, about 500 per 1,000 operations). Live snapshots stay constant
-(--policies x --keep), so a flat run has slopes near 0.
+Rows: one ``sample`` every --sample-ops operations and at the end (operations so far, seconds, the USS and PSS of
+the catalog actor's and of the store actor's process in MiB, the objects their Python heaps hold, the durable
+tier's commit markers, data objects and tombstones, the spill folder's files), then one ``growth`` row: the
+least-squares slope per 1,000 operations of each, over the samples after the first quarter of the run (start-up
+and warm caches excluded). USS is what the process alone holds; PSS adds its share of the library pages every
+process of the same install maps, which moves when other processes on the machine start or end. Before each
+sample the catalog folds the durable tier's tombstones into one floor per policy (``compact_tombstones``;
+--no-compact: never, and the tier keeps one tombstone per deleted version, about 500 per 1,000 operations). Live
+snapshots stay constant (--policies x --keep), so a flat run has slopes near 0.
 """
 
 from __future__ import annotations
@@ -95,8 +97,8 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
 
 
-GROWING = ("catalog_pss_mib", "store_pss_mib", "catalog_gc_objects", "store_gc_objects", "durable_markers",
-           "durable_data", "durable_tombstones", "spill_files")
+GROWING = ("catalog_uss_mib", "store_uss_mib", "catalog_pss_mib", "store_pss_mib", "catalog_gc_objects",
+           "store_gc_objects", "durable_markers", "durable_data", "durable_tombstones", "spill_files")
 TRACED = ("catalog_traced_mib", "store_traced_mib")  # with --trace
 
 
@@ -146,6 +148,8 @@ def churn(args: Any, spill: Path, results: harness.Results) -> list[dict[str, An
                         _trace(actor, "base")
                     based = True
     if not rows or rows[-1]["ops"] < ops:  # the end of the run is a sample too (a short run may have no other)
+        if not args.no_compact:
+            ray.get(catalog.compact_tombstones.remote(), timeout=120)
         rows.append(results.emit(_sample(ops, time.monotonic() - started, actors, pids, durable, spill / "spill")))
     if based:
         for name, actor in actors.items():
@@ -157,7 +161,10 @@ def churn(args: Any, spill: Path, results: harness.Results) -> list[dict[str, An
 def _sample(ops: int, seconds: float, actors: dict[str, Any], pids: dict[str, int], durable: Path,
             spill: Path) -> dict[str, Any]:
     heap = {f"{name}_{key}": value for name, actor in actors.items() for key, value in _heap(actor).items()}
-    pss = {f"{name}_pss_mib": psutil.Process(pid).memory_full_info().pss / MiB for name, pid in pids.items()}
+    full = {name: psutil.Process(pid).memory_full_info() for name, pid in pids.items()}
+    # USS: pages only this process maps. PSS also holds its share of the library pages every process of the same
+    # install maps (torch, Ray): that share moves when other processes on the machine start or end.
+    pss = {f"{name}_{kind}_mib": getattr(info, kind) / MiB for name, info in full.items() for kind in ("pss", "uss")}
     files = sum(1 for p in spill.rglob("*") if p.is_file())
     return {"row": "sample", "ops": ops, "seconds": round(seconds, 1), **pss, **heap, **_durable_counts(durable),
             "spill_files": files}
@@ -210,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     with harness.ray_session(256 * MiB, num_cpus=2) as spill:
         rows = churn(args, spill, results)
         summary = results.emit(growth(rows))
-    results.finish(["row", "ops", "seconds", "catalog_pss_mib", "store_pss_mib", "catalog_gc_objects",
+    results.finish(["row", "ops", "seconds", "catalog_uss_mib", "store_uss_mib", "catalog_pss_mib", "store_pss_mib",
+                    "catalog_gc_objects",
                     "store_gc_objects", "durable_markers", "durable_data", "durable_tombstones", "spill_files"],
                    plot=plot, notes=["growth per 1,000 operations: " + ", ".join(
                        f"{k} {summary[f'{k}_per_1000_ops']:+.3f}" for k in (*GROWING, *TRACED)
