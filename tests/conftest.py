@@ -67,26 +67,24 @@ def _print_ray_stacks(capture) -> None:
                       file=sys.stderr)
 
 
-# Seconds the long test files (or tests) take on 2 cores (a whole-suite --durations run, summed per file, scaled to
-# CI's pace). pytest-xdist hands whole files to its two workers (--dist loadfile: a module's shared Ray session,
-# Algorithm or cluster stays on one worker) in the order set here, the longest first, so that both workers end
-# together instead of one finishing alone with a long file picked up last. What is not listed is short and comes
-# after, in collection order. Only the order depends on these figures: refresh them when a file grows.
+# Seconds the long test files (or tests) take on 2 cores (summed per file: measured one file at a time on a quiet
+# machine where known, else a whole-suite --durations run under load scaled to CI's pace). pytest-xdist hands whole
+# files to its two workers (--dist loadfile: a module's shared Ray session, Algorithm or cluster stays on one
+# worker) in the order set here, the longest first, so that both workers end together instead of one finishing
+# alone with a long file picked up last. What is not listed is short and comes after, in collection order. Only
+# the order depends on these figures: refresh them when a file grows.
 LONG = {
-    "tests/policystore/test_cluster.py": 260,
-    "tests/workers/test_workers_rollout.py": 150,
+    "tests/policystore/test_durable.py": 108,
+    "tests/policystore/test_cluster.py": 106,
     "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[memory_scaling]": 85,
-    "tests/policystore/test_protect.py": 78,
     "tests/rllib/test_rllib_lifecycle.py": 72,
     "tests/rllib/test_rllib_memory.py": 60,
     "tests/benchmarks/test_partition_net_quick.py": 57,
-    "tests/policystore/test_watch.py": 53,
-    "tests/policystore/test_durable.py": 51,
+    "tests/policystore/test_watch.py": 73,
     "tests/trainer/test_trainer_e2e.py": 50,
     "tests/benchmarks/test_chaos_quick.py": 46,
     "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[league_throughput]": 46,
     "tests/rllib/test_rllib_tune.py": 45,
-    "tests/policystore/test_remote.py": 41,
     "tests/rllib/test_rllib_restore.py": 40,
     "tests/test_package.py": 40,
     "tests/policystore/test_cli_offline.py": 36,
@@ -94,9 +92,12 @@ LONG = {
     "tests/policystore/test_catalog_recovery.py": 34,
     "tests/rllib/test_rllib_stock.py": 30,
     "tests/rllib/test_rllib_nim.py": 30,
+    "tests/workers/test_workers_rollout.py": 36,
+    "tests/policystore/test_protect.py": 33,
     "tests/policystore/test_client.py": 28,
     "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[publish]": 27,
     "tests/policystore/test_metrics.py": 25,
+    "tests/policystore/test_remote.py": 23,
     "tests/test_docs.py": 24,
     "tests/policystore/test_reader.py": 23,
     "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results": 18,  # the other benchmarks
