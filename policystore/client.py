@@ -227,16 +227,21 @@ class PolicyStore:
         sid, staging = None, session.staging() if self._local else None
         # the staging file is busy until the store has copied it: another publish of this process (a durable one
         # may wait for its tier) never makes this one wait, it goes by value instead
-        if staging is not None and staging.lock.acquire(blocking=False):
-            try:
-                sid = self._publish_staged(session, staging, policy_id, weights, meta, durable)
-            finally:
-                staging.lock.release()
-        if sid is None:  # another node's store, no /dev/shm, or /dev/shm full: the snapshot travels by value
-            alloc = self._sized(policy_id, functools.partial(np.empty, dtype=np.uint8))
-            buf = pack(weights, policy_id=policy_id, meta=meta, alloc=alloc)
-            sid = self._call("publish", policy_id, buf, durable, idempotent=False,
-                             timeout_s=self.config.publish_timeout_s(len(buf)))
+        try:
+            if staging is not None and staging.lock.acquire(blocking=False):
+                try:
+                    sid = self._publish_staged(session, staging, policy_id, weights, meta, durable)
+                finally:
+                    staging.lock.release()
+            if sid is None:  # another node's store, no /dev/shm, or /dev/shm full: the snapshot travels by value
+                alloc = self._sized(policy_id, functools.partial(np.empty, dtype=np.uint8))
+                buf = pack(weights, policy_id=policy_id, meta=meta, alloc=alloc)
+                sid = self._call("publish", policy_id, buf, durable, idempotent=False,
+                                 timeout_s=self.config.publish_timeout_s(len(buf)))
+        except DeadlineExceededError as exc:  # the store got the publish and may still commit it (seen: after a
+            raise DeadlineExceededError(       # network partition heals, every such publish landed)
+                f"{exc}. The publish of {policy_id!r} may still commit after this error: list({policy_id!r}) "
+                "shows whether it did; publishing again adds another version") from exc.__cause__
         if isinstance(sid, HotSnapshot):  # the store handed back its ref: this process reads it with no call
             hot, sid = sid, sid.id
             if self._follower is not None:

@@ -56,8 +56,9 @@ def test_a_stopped_catalog_is_a_deadline_error_not_a_hang(make_store):
         assert store.get("p", first.version)["w"].sum().item() == 4  # a held version needs no catalog
         with pytest.raises(DeadlineExceededError, match="catalog of league 'default' did not answer list"):
             store.list()
-        with pytest.raises(DeadlineExceededError, match="store of league 'default' on node .* publish_staged"):
+        with pytest.raises(DeadlineExceededError, match="store of league 'default' on node .* publish_staged") as exc:
             store.publish("p", {"w": torch.zeros(4)})
+        assert "publish of 'p' may still commit after this error: list('p') shows whether it did" in str(exc.value)
     # running again: every call answers; the timed-out publish may or may not have landed, nothing else changed
     assert eventually(lambda: store.get("p").id.version in (1, 2), "reads once the store runs again",
                       ignore=DeadlineExceededError)
