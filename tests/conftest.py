@@ -8,9 +8,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import ray
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 # Ray workers inherit the driver's environment on a local cluster: let them import the project and test modules
@@ -130,6 +132,14 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False
     return LongestFirst(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _same_random_state():
+    """Every test starts from one random state: an unseeded net or draw must not pass or fail by which tests ran
+    before it on the same worker."""
+    torch.manual_seed(0)
+    np.random.seed(0)
 
 
 @pytest.fixture(scope="module")
