@@ -1,6 +1,7 @@
 """Shared fixtures: one Ray session per test module (Ray takes ~3 s to start on 2 cores)."""
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -136,8 +137,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture(autouse=True)
 def _same_random_state():
-    """Every test starts from one random state: an unseeded net or draw must not pass or fail by which tests ran
-    before it on the same worker."""
+    """Every test starts from one random state: an unseeded net, draw or deal must not pass or fail by which tests
+    ran before it on the same worker."""
+    random.seed(0)
     torch.manual_seed(0)
     np.random.seed(0)
 

@@ -94,7 +94,9 @@ class OpenSpielVec:
         self.plane_shape = shape if math.prod(shape) == size else (size,)
         kind = game.get_type()
         self.hidden = kind.information != kind.information.PERFECT_INFORMATION
-        self.rng = random.Random(seed)
+        # chance outcomes (deals, dice) follow Python's global random state unless seeded: each process draws its
+        # own, and a caller that seeds ``random`` (a test, an evaluation) replays the same ones
+        self.rng = random.Random(random.getrandbits(64) if seed is None else seed)
         self.states: list[pyspiel.State] = [game.new_initial_state() for _ in range(num_envs)]
         self.done = np.zeros(num_envs, dtype=bool)
         self.winner = np.zeros(num_envs, dtype=np.int8)
