@@ -9,7 +9,6 @@ import logging
 import math
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
@@ -44,9 +43,6 @@ from .wire import (
     CatalogEntry,
     HotSnapshot,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from . import remote
 from .errors import (
@@ -25,11 +24,7 @@ from .wire import (
     Reconciled,
 )
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
-
 
 
 class CatalogFollower:

@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import wait as wait_all
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
@@ -41,11 +40,7 @@ from .wire import (
     Summary,
 )
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
-
 
 
 class Publisher:
