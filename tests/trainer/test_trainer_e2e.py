@@ -20,6 +20,7 @@ from policystore.trainer import openspiel_bots
 from policystore.trainer.config import TrainConfig
 from policystore.trainer.play import play_game
 from policystore.trainer.policy import load_net, load_policy
+from policystore.trainer.ppo import PPOConfig
 from policystore.trainer.run import train
 from policystore.workers.play import net_policy
 
@@ -29,8 +30,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     run = tmp_path_factory.mktemp("e2e") / "run"
-    config = TrainConfig(minutes=0.45, num_cpus=2, object_store_mib=512, hot_capacity_mib=64, eval_games=100,
-                         eval_every_s=10.0, checkpoint_every_s=20.0, reference_games=1)
+    # Small sizes (a 32-wide net, matches of 128 games, updates of 2048 samples) so that every player updates and
+    # the main agent is evaluated at least 3 times within 15 s, whatever the machine's load.
+    config = TrainConfig(minutes=0.25, num_cpus=2, object_store_mib=512, hot_capacity_mib=64, eval_games=50,
+                         eval_every_s=4.0, checkpoint_every_s=8.0, reference_games=1, hidden=32, games_per_match=128,
+                         ppo=PPOConfig(epochs=1, batch=2048, minibatch=1024))
     train(run, config, console=Console(file=io.StringIO()))
     return run
 
@@ -68,15 +72,15 @@ def test_resume_continues_the_run(run_dir):
     evaluations = len(read(run_dir, "curve.json"))
     elapsed = read(run_dir, "state.json")["elapsed_s"]
     updates = read(run_dir, "checkpoints/main_0.json")["updates"]
-    train(run_dir, resume=True, minutes=0.2, console=Console(file=io.StringIO()))
+    train(run_dir, resume=True, minutes=0.12, console=Console(file=io.StringIO()))
     after = read(run_dir, "league.json")
     steps = {p["name"]: p["steps"] for p in after["players"]}
     # Same players and snapshots as before plus new ones; learning counters continue instead of restarting.
     assert {p["name"] for p in before["players"]} <= set(steps)
     assert all(steps[p["name"]] > p["steps"] for p in before["players"] if p["kind"] == MAIN)
-    # Restored, not restarted from 0 (whether 12 s on a loaded machine fill another batch is not the point).
+    # Restored, not restarted from 0 (whether 7 s on a loaded machine fill another batch is not the point).
     assert read(run_dir, "checkpoints/main_0.json")["updates"] >= updates
-    assert read(run_dir, "state.json")["elapsed_s"] > elapsed + 10  # 12 s more
+    assert read(run_dir, "state.json")["elapsed_s"] > elapsed + 6  # 7.2 s more
     assert len(read(run_dir, "curve.json")) > evaluations
     # The first session's live versions were cleaned up too: only the newest two of main_0 stay on disk.
     assert len(list((run_dir / "store" / DEFAULT_PLAYER).glob("*.safetensors*"))) <= 2
