@@ -21,7 +21,7 @@ from rich.table import Table
 from torch import nn
 
 import policystore
-from policystore import remote
+from policystore import leftovers, remote
 from policystore.memory import MiB, session_pss_bytes
 
 WAIT_S = 600.0  # the longest the demo waits for its workers (their start, loading the league, playing)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     console.print(table)
     console.print("store:", {k: getattr(store.stats(), k) for k in ("hot_bytes", "hot_snapshots", "hits")})
     store.shutdown()
-    ray.shutdown()
+    leftovers.shutdown_ray()
     spill.cleanup()
 
 

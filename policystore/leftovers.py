@@ -1,7 +1,9 @@
-"""Default spill folders of Ray sessions that ended: ``<temp>/policystore-spill/<session>/`` holds a session's node
-spill folders and catalog database when ``StoreConfig.spill_dir`` is None, and nothing in it is of use once the
-session is gone (a new session numbers its league anew). A store that starts on a node removes the folders of this
-node's ended sessions (``sweep``); a folder the user named (``spill_dir``) is never touched.
+"""What ended Ray sessions leave behind. Default spill folders: ``<temp>/policystore-spill/<session>/`` holds a
+session's node spill folders and catalog database when ``StoreConfig.spill_dir`` is None, and nothing in it is of
+use once the session is gone (a new session numbers its league anew). A store that starts on a node removes the
+folders of this node's ended sessions (``sweep``); a folder the user named (``spill_dir``) is never touched. A
+driver that started its own Ray ends it with ``shutdown_ray``, which also removes what that session's killed
+workers could not (their staging files, ``staging.py``) and the session's default spill folder.
 
 A session counts as ended when no process on this machine names it on its command line (Ray's GCS and raylet
 carry ``--session-name``): a signal no crash can leave stale, and one that needs nothing from the session's own
@@ -17,7 +19,9 @@ import shutil
 from pathlib import Path
 
 import psutil
+import ray
 
+from . import memory, staging
 from .config import StoreConfig
 
 log = logging.getLogger(__name__)
@@ -52,3 +56,14 @@ def sweep(keep: str | None = None) -> list[Path]:
     if removed:
         log.info("removed the spill folders of %d ended Ray sessions under %s", len(removed), base)
     return removed
+
+
+def shutdown_ray(wait_s: float = 5.0) -> None:
+    """``ray.shutdown()`` for a driver that started Ray itself, leaving nothing of the session behind on this
+    machine: waits up to ``wait_s`` for the session's processes (Ray kills its workers, which then cannot remove
+    their staging files), then removes their staging files and the session's default spill folder."""
+    processes = [p for p in memory.session_processes() if p.pid != os.getpid()]
+    ray.shutdown()
+    psutil.wait_procs(processes, timeout=wait_s)
+    staging.remove_orphans()
+    sweep()

@@ -45,13 +45,19 @@ class StagingFile:
     def create(cls) -> StagingFile | None:
         """A new staging file, or None when /dev/shm cannot be used (snapshots then travel by value)."""
         folder = staging_dir()
-        try:
-            folder.mkdir(mode=0o700, exist_ok=True)
-            path = folder / f"{os.getpid()}-{uuid.uuid4().hex}"
-            return cls(path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-        except OSError as exc:
-            log.debug("no staging file in %s (%s): publishing by value", folder, exc)
-            return None
+        path = folder / f"{os.getpid()}-{uuid.uuid4().hex}"
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        for _ in range(2):  # the second time: a driver that found the folder empty removed it between the steps
+            try:
+                folder.mkdir(mode=0o700, exist_ok=True)
+                return cls(path, os.open(path, flags, 0o600))
+            except FileNotFoundError as exc:
+                error = exc
+            except OSError as exc:
+                error = exc
+                break
+        log.debug("no staging file in %s (%s): publishing by value", folder, error)
+        return None
 
     def alloc(self, nbytes: int) -> np.ndarray:
         """The destination ``pack`` fills: the first ``nbytes`` of the file, grown (and its pages reserved up
@@ -70,6 +76,28 @@ class StagingFile:
                 self._map.close()
             self._map = None
         self._finalizer()
+
+
+def remove_orphans(folder: Path | None = None) -> None:
+    """Remove the staging files of publishers that are gone (a process killed before removing its own: Ray kills
+    its workers when a cluster stops), then the folder if that left it empty."""
+    folder = folder or staging_dir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        try:
+            os.kill(int(name.partition("-")[0]), 0)
+            continue  # a live process: maybe publishing right now
+        except ProcessLookupError:
+            pass
+        except (ValueError, OSError):
+            continue  # not ours, or not ours to judge
+        log.info("removing staging file %s of a publisher that is gone", name)
+        (folder / name).unlink(missing_ok=True)
+    with suppress(OSError):  # not empty: a live publisher's file (or one not ours) keeps it
+        folder.rmdir()
 
 
 def _remove(path: Path, fd: int) -> None:
@@ -114,21 +142,7 @@ class StagingMaps:
     def sweep(self) -> None:
         """Remove the files of publishers that are gone; unmap files that were removed (and the oldest mappings
         beyond ``_MAX_MAPS``)."""
-        try:
-            names = os.listdir(self.folder)
-        except OSError:
-            names = []
-        for name in names:
-            pid = name.partition("-")[0]
-            try:
-                os.kill(int(pid), 0)
-                continue  # a live process: maybe publishing right now
-            except ProcessLookupError:
-                pass
-            except (ValueError, OSError):
-                continue  # not ours, or not ours to judge
-            log.info("removing staging file %s of a publisher that is gone", name)
-            (self.folder / name).unlink(missing_ok=True)
+        remove_orphans(self.folder)
         with self._lock:
             for path in [p for p in self._maps if not os.path.exists(p)] + list(self._maps)[:-_MAX_MAPS]:
                 _, mapped = self._maps.pop(path, (None, None))

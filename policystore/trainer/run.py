@@ -17,7 +17,7 @@ import ray
 from rich.console import Console
 
 import policystore
-from policystore import remote
+from policystore import leftovers, remote
 from policystore.league.constants import DEFAULT_PLAYER, HISTORICAL, MAIN
 from policystore.league.games import get_game
 from policystore.memory import MiB
@@ -166,7 +166,7 @@ class Trainer:
 
     def shutdown(self) -> None:
         if self.owns_ray:
-            ray.shutdown()
+            leftovers.shutdown_ray()
 
 
 def train(run_dir: str | Path, config: TrainConfig | None = None, resume: bool = False,

@@ -70,3 +70,24 @@ def test_a_store_start_sweeps_ended_sessions_and_keeps_its_own():
         leftovers.sweep()
         time.sleep(0.5)
     assert not own.exists()
+
+
+def test_staging_files_of_gone_publishers_go_and_then_their_folder(tmp_path):
+    """Ray kills its workers when a session stops, so a publisher cannot remove its own staging file: a driver's
+    ``shutdown_ray`` (and every store start) removes the files whose process is gone, then the emptied folder."""
+    from policystore import staging
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folder = tmp_path / "staging"
+    folder.mkdir()
+    (folder / f"{gone.pid}-abc").write_bytes(b"x")
+    (folder / f"{os.getpid()}-def").write_bytes(b"x")  # a live publisher's: it may be publishing right now
+    (folder / "not-a-pid").write_bytes(b"x")  # not ours to judge
+    staging.remove_orphans(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [f"{os.getpid()}-def", "not-a-pid"]
+    (folder / f"{os.getpid()}-def").unlink()
+    (folder / "not-a-pid").unlink()
+    (folder / f"{gone.pid}-ghi").write_bytes(b"x")
+    staging.remove_orphans(folder)
+    assert not folder.exists()
