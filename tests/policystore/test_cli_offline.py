@@ -2,7 +2,9 @@
 with a private local Ray for the change (the same catalog and store code as online), then stops it. A trainer's run
 folder leads to its store, and a folder a running trainer holds is refused."""
 
+import contextlib
 import fcntl
+import io
 import json
 import os
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from policystore import cli as policystore_cli
 from policystore.cli import EXIT_OK, EXIT_USAGE
 from policystore.durable import FLOOR_SUFFIX, TOMBSTONE_SUFFIX, DurableTier
 from policystore.filenames import version_name
@@ -38,9 +41,13 @@ def cli(*argv: str) -> subprocess.CompletedProcess:
 
 
 def versions(run: Path) -> list[int]:
-    result = cli("--dir", str(run), "--json", "ls")
-    assert result.returncode == EXIT_OK, result.stderr
-    return [row["version"] for row in json.loads(result.stdout)]
+    """``policystore --dir RUN --json ls``, in this process: an offline listing reads the folder and starts no Ray
+    (a process of its own per listing would only add its imports; the commands that change the folder run as
+    the user runs them)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert policystore_cli.main(["--dir", str(run), "--json", "ls"]) == EXIT_OK
+    return [row["version"] for row in json.loads(out.getvalue())]
 
 
 @pytest.fixture(scope="module")
