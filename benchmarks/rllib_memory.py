@@ -36,7 +36,12 @@ Rows (``what`` says which is which; PSS and USS in MiB):
   fixed cost per node (store) and per cluster (catalog), whatever N and K.
 - ``process``: the node row's delta split by process (column ``process``): ``driver`` (with the Learner when
   ``--learners 0``), ``learner_<i>``, ``env_runner_<i>``, ``store_actor``, ``catalog_actor``, and ``rest`` (every
-  other process of the session: raylet with the object store, GCS, Ray's helpers).
+  other process of the session: raylet with the object store, GCS, Ray's helpers). ``live_mib`` is the process's
+  part of ``node_live`` (its private and file PSS, object-store pages left out): the rows' ``live_mib`` plus the
+  ``objects`` rows sum to ``node_live``; ``anon_mib`` is its private heap alone (anonymous PSS), the steadier
+  reading: a process's file PSS (shared library code) moves whenever another process of the session maps or
+  unmaps the same files, though the node's sum does not. USS also counts object-store pages that only this
+  process has touched (a freed object's pages it wrote or read alone), which are neither heap nor live.
 - ``objects``: the bytes of live objects in the object store by the processes holding a reference to them
   (``process``: e.g. ``driver+env_runner_1+env_runner_2+store_actor``): the snapshots the league plays, and any
   object still alive or borrowed at the reading.
@@ -71,8 +76,8 @@ from benchmarks.harness import (
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rllib", "rllib+store", "none")
 COLUMNS = ["job", "mode", "env_runners", "frozen", "iteration", "what", "process", "pss_mib", "uss_mib",
-           "copies_per_node", "live_mib", "copies_live", "control_copies_live", "league_copies", "held", "module_mib",
-           "loadavg_1m"]
+           "copies_per_node", "live_mib", "anon_mib", "copies_live", "control_copies_live", "league_copies", "held",
+           "module_mib", "loadavg_1m"]
 JOBS = ("freeze", "train", "churn")
 
 
@@ -155,11 +160,15 @@ def process_roles(algorithm: Any, stock: bool) -> dict[str, int]:
     return roles
 
 
-def by_process(roles: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """PSS and USS of each role, and of ``rest``: the session's other processes."""
-    out = {role: per_pid(pid) for role, pid in roles.items()}
-    rest = [pid for pid in session_pids() if pid not in set(roles.values())]
-    out["rest"] = pss_uss(rest)
+def by_process(roles: dict[str, int]) -> dict[str, tuple[int, int, int, int]]:
+    """PSS, USS, live bytes (private and file PSS: ``live_bytes`` without the objects) and anonymous PSS of each
+    role, and of ``rest``: the session's other processes."""
+    groups = {role: [pid] for role, pid in roles.items()}
+    groups["rest"] = [pid for pid in session_pids() if pid not in set(roles.values())]
+    out = {}
+    for role, pids in groups.items():
+        parts = pss_breakdown_bytes([psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)])
+        out[role] = (*pss_uss(pids), parts["anon"] + parts["file"], parts["anon"])
     return out
 
 
@@ -269,10 +278,11 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
             results.emit({**point, "what": "env_runner",
                           "pss_mib": round((now[0] - base_runners[0]) / MiB / env_runners, 1),
                           "uss_mib": round((now[1] - base_runners[1]) / MiB / env_runners, 1)})
-            for role, (pss, uss) in by_process(roles).items():
-                base = base_roles.get(role, (0, 0))
-                results.emit({**point, "what": "process", "process": role, "pss_mib": round((pss - base[0]) / MiB, 1),
-                              "uss_mib": round((uss - base[1]) / MiB, 1)})
+            for role, now_role in by_process(roles).items():
+                base = base_roles.get(role, (0, 0, 0, 0))
+                pss, uss, own, anon = ((a - b) / MiB for a, b in zip(now_role, base, strict=True))
+                results.emit({**point, "what": "process", "process": role, "pss_mib": round(pss, 1),
+                              "uss_mib": round(uss, 1), "live_mib": round(own, 1), "anon_mib": round(anon, 1)})
             for holders, nbytes in sorted(objects_by_holder(roles).items()):
                 results.emit({**point, "what": "objects", "process": holders, "live_mib": round(nbytes / MiB, 1)})
             if not stock:

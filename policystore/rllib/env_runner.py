@@ -28,6 +28,7 @@ from ..errors import CorruptSnapshotError, PolicyStoreError, UnknownPolicyError
 from ..ids import SnapshotId
 from ..views import fast_reads
 from . import checkpoint, faults, registry
+from .metrics import forget_module
 from .registry import FrozenEntry, LeagueError, LeagueFollower, LeagueState
 from .settings import LeagueSettings, NotSetUpError, find_settings
 
@@ -165,10 +166,14 @@ class SharedModulesMixin:
         self._league_state = state
         complete = True
         removed = [mid for mid in self._frozen if mid not in state.frozen]
+        owner = self._owner() if self._owner is not None else None
         for module_id in removed:
             self.module.remove_module(module_id, raise_err_if_not_found=False)
             del self._frozen[module_id]
             self._needs_initial_reset = True  # as RLlib's remove_module: no episode may keep a removed module
+            forget_module(self.metrics, module_id)
+            if owner is not None:  # the driver's local EnvRunner: the Algorithm's merged records too
+                forget_module(owner.metrics, module_id, algorithm=True)
         self._unattached = {}
         for module_id, entry in state.frozen.items():
             if self._frozen.get(module_id) != entry.snapshot:

@@ -22,6 +22,11 @@ pytest.importorskip("ray.rllib")
 
 import ray  # noqa: E402
 from ray.rllib.callbacks.callbacks import RLlibCallback  # noqa: E402
+from ray.rllib.utils.metrics import (  # noqa: E402
+    ENV_RUNNER_RESULTS,
+    EPISODE_MODULE_RETURN_MEAN,
+    NUM_MODULE_STEPS_SAMPLED_LIFETIME,
+)
 
 from examples.rllib_cartpole_league import opponent_mapping, ppo_config  # noqa: E402
 from policystore.errors import PolicyStoreError  # noqa: E402
@@ -112,6 +117,21 @@ def test_refreezing_an_id_lets_go_of_its_old_snapshot(algo):
     new = add_frozen(algo, "v5", "main", new_agent_to_module_mapping_fn=opponent_mapping("v5"))
     assert new.version > old.version
     assert [row.id for row in league_store(algo).list(old.policy_id)] == [new]
+
+
+def test_a_removed_opponent_leaves_rllibs_metrics(algo):
+    """RLlib records every module id it has played (lifetime counters too) in each EnvRunner and the Algorithm, and
+    reports all of them in every result: a churning league forgets its removed opponents'."""
+    def played(stats: dict) -> set[str]:
+        return {mid for key in (NUM_MODULE_STEPS_SAMPLED_LIFETIME, EPISODE_MODULE_RETURN_MEAN)
+                for mid in stats.get(key, {})}
+
+    add_frozen(algo, "played", "main", new_agent_to_module_mapping_fn=opponent_mapping("played"))
+    assert "played" in played(algo.train()[ENV_RUNNER_RESULTS])
+    remove_frozen(algo, "played", new_agent_to_module_mapping_fn=opponent_mapping("v5"))
+    runners = algo.env_runner_group.foreach_env_runner(lambda runner: played(runner.metrics.peek()))
+    assert runners and all("played" not in ids for ids in runners)  # the driver's local EnvRunner and the remote one
+    assert "played" not in played(algo.metrics.peek().get(ENV_RUNNER_RESULTS, {}))
 
 
 def test_mistakes_are_refused_in_the_driver_and_change_nothing(algo):
