@@ -84,6 +84,7 @@ class Peer:
 
 
 def on(node_id: str, **options):
+    """A new worker process on the node: where the scenario needs one (a reader of its own, the first to connect)."""
     return Peer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), **options).remote()
 
 
@@ -99,8 +100,20 @@ def cluster(tmp_path_factory):
     config = StoreConfig(durable_uri=str(durable))
     stores = policystore.connect_all(config)
     yield c, config, stores
+    _peers.clear()
     ray.shutdown()
     c.shutdown()
+
+
+_peers: dict[str, Peer] = {}
+
+
+def peer(node_id: str):
+    """The module's worker process on the node, for calls that any process there may make (each new one imports
+    torch: about 2 s of CPU). Never left busy: every call on it is waited for."""
+    if node_id not in _peers:
+        _peers[node_id] = on(node_id)
+    return _peers[node_id]
 
 
 def node_ids(c: Cluster) -> list[str]:
@@ -115,7 +128,7 @@ def catalog_node() -> str:
 def test_every_node_gets_its_own_store_including_late_joiners(cluster):
     c, config, stores = cluster
     assert set(stores) == set(node_ids(c))
-    peers = [on(n) for n in node_ids(c)]
+    peers = [peer(n) for n in node_ids(c)]
     for node, store_node in ray.get([p.node_and_store.remote() for p in peers]):
         assert node == store_node
     late = c.add_node(num_cpus=1, object_store_memory=STORE_MEMORY)
@@ -129,15 +142,15 @@ def test_every_node_gets_its_own_store_including_late_joiners(cluster):
 def test_publish_on_one_node_fetch_once_per_node_and_agree(cluster):
     c, _, _ = cluster
     a, b, d = node_ids(c)
-    assert ray.get(on(a).publish.remote("agree", 1)) == 1
-    assert ray.get(on(a).publish.remote("agree", 2)) == 2
+    assert ray.get(peer(a).publish.remote("agree", 1)) == 1
+    assert ray.get(peer(a).publish.remote("agree", 2)) == 2
     # As soon as publish returns, every node sees the same latest version.
-    assert ray.get([on(n).latest.remote("agree") for n in (a, b, d)]) == [2, 2, 2]
+    assert ray.get([peer(n).latest.remote("agree") for n in (a, b, d)]) == [2, 2, 2]
     readers_b = [on(b) for _ in range(3)]
     assert ray.get([r.get.remote("agree") for r in readers_b]) == [(2, 2.0, 2.0)] * 3
     stats_b = ray.get(readers_b[0].stats.remote())
     assert stats_b.fetches == 1  # the bytes crossed once; the other readers were served from B's copy
-    assert ray.get(on(d).get.remote("agree", 1)) == (1, 1.0, 1.0)
+    assert ray.get(peer(d).get.remote("agree", 1)) == (1, 1.0, 1.0)
 
 
 def test_fanout_is_a_chain_with_bounded_serves_and_batched_holds(cluster):
@@ -149,10 +162,10 @@ def test_fanout_is_a_chain_with_bounded_serves_and_batched_holds(cluster):
     stores = [ray.get_actor(store_name(n), namespace=NAMESPACE) for n in (a, b, d)]
     catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
     assert ray.get([s.__ray_call__.remote(lambda self: self.state.relay.fanout) for s in stores]) == [1, 1, 1]
-    assert ray.get(on(a).publish.remote("tree", 4, mib=4)) == 1
+    assert ray.get(peer(a).publish.remote("tree", 4, mib=4)) == 1
     before = [ray.get(s.stats.remote()) for s in stores]
     calls_before = ray.get(catalog.health.remote()).calls
-    assert ray.get([on(n).get.remote("tree") for n in (b, d)]) == [(1, 4.0, 4.0)] * 2
+    assert ray.get([peer(n).get.remote("tree") for n in (b, d)]) == [(1, 4.0, 4.0)] * 2
     after = [ray.get(s.stats.remote()) for s in stores]
     served = [x.served - y.served for x, y in zip(after, before, strict=True)]
     assert [x.fetches - y.fetches for x, y in zip(after, before, strict=True)] == [0, 1, 1]
@@ -171,7 +184,7 @@ def test_a_store_that_heard_the_commit_fetches_without_a_lookup_and_asks_when_it
     a, b, d = node_ids(c)
     catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
     store_b, store_d = (ray.get_actor(store_name(n), namespace=NAMESPACE) for n in (b, d))
-    publisher = on(a)
+    publisher = peer(a)
     assert ray.get(publisher.publish.remote("seeded", 1)) == 1  # (a store that first hears of it in a reset: no entry)
     assert ray.get(publisher.publish.remote("seeded", 2)) == 2
 
@@ -181,7 +194,7 @@ def test_a_store_that_heard_the_commit_fetches_without_a_lookup_and_asks_when_it
 
     eventually(lambda: heard(store_b) == heard(store_d) == 2, "both stores heard the commit")
     lookups = ray.get(catalog.health.remote()).calls.get("lookup", 0)
-    assert ray.get(on(b).get.remote("seeded", 2)) == (2, 2.0, 2.0)
+    assert ray.get(peer(b).get.remote("seeded", 2)) == (2, 2.0, 2.0)
     assert ray.get(catalog.health.remote()).calls.get("lookup", 0) == lookups
 
     def wrong(self) -> None:  # a hint no copy matches (its checksum): neither a peer's copy nor the durable tier's
@@ -190,7 +203,7 @@ def test_a_store_that_heard_the_commit_fetches_without_a_lookup_and_asks_when_it
         self.follower.committed["seeded"] = dataclasses.replace(entry, summary=summary)
 
     ray.get(store_d.__ray_call__.remote(wrong))
-    assert ray.get(on(d).get.remote("seeded", 2)) == (2, 2.0, 2.0)
+    assert ray.get(peer(d).get.remote("seeded", 2)) == (2, 2.0, 2.0)
     assert ray.get(catalog.health.remote()).calls.get("lookup", 0) == lookups + 1
 
 
@@ -202,17 +215,17 @@ def test_copies_survive_the_loss_of_the_publishing_node(cluster):
     publisher = on(doomed.node_id)
     ray.get(publisher.publish.remote("fetched", 7))
     ray.get(publisher.publish.remote("durable_only", 8, durable=True))
-    assert ray.get(on(b).get.remote("fetched")) == (1, 7.0, 7.0)  # B takes its own copy now
+    assert ray.get(peer(b).get.remote("fetched")) == (1, 7.0, 7.0)  # B takes its own copy now
     c.remove_node(doomed)
-    assert ray.get(on(b).get.remote("fetched")) == (1, 7.0, 7.0)  # B's copy does not depend on the lost node
-    assert ray.get(on(d).get.remote("durable_only")) == (1, 8.0, 8.0)  # served from the durable tier
+    assert ray.get(peer(b).get.remote("fetched")) == (1, 7.0, 7.0)  # B's copy does not depend on the lost node
+    assert ray.get(peer(d).get.remote("durable_only")) == (1, 8.0, 8.0)  # served from the durable tier
 
 
 def test_sigkilled_store_restarts_and_readers_retry(cluster):
     c, _, _ = cluster
     a, b, _ = node_ids(c)
-    ray.get(on(a).publish.remote("survivor", 3, durable=True))
-    reader = on(b)
+    ray.get(peer(a).publish.remote("survivor", 3, durable=True))
+    reader = peer(b)
     assert ray.get(reader.hold.remote("survivor")) == 1
     before = ray.get(reader.held_value.remote())
     os.kill(ray.get(reader.store_pid.remote()), signal.SIGKILL)
@@ -259,8 +272,8 @@ def test_kill_mid_publish_leaves_no_snapshot_and_its_version_is_never_reused(clu
         ray.get(pending)
     assert [i.id for i in policystore.connect(node_id=d).list() if i.id.policy_id == "halfway"] == []
     assert ray.get(on(b).publish.remote("halfway", 6, mib=1, durable=True)) == 2  # v1 was handed out: never again
-    assert ray.get(on(d).get.remote("halfway")) == (2, 6.0, 6.0)
-    spill = Path(ray.get(on(b).stats.remote()).spill_dir) / "halfway"
+    assert ray.get(peer(d).get.remote("halfway")) == (2, 6.0, 6.0)
+    spill = Path(ray.get(peer(b).stats.remote()).spill_dir) / "halfway"
     assert sorted(f.name for f in spill.iterdir()) == ["0000000002.safetensors"]  # the killed publish left nothing
 
 
@@ -269,7 +282,7 @@ def test_kill_during_fetch_leaves_the_copy_whole_or_absent(cluster):
     whole or absent: the catalog lists it as a holder only with a copy that verifies, and a new get is whole."""
     c, _, _ = cluster
     a, b, _ = node_ids(c)
-    ray.get(on(a).publish.remote("fetched_midway", 6, mib=96))
+    ray.get(peer(a).publish.remote("fetched_midway", 6, mib=96))
     reader = on(b)
     store = ray.get_actor(store_name(b), namespace=NAMESPACE)
     misses = ray.get(store.stats.remote()).misses
@@ -284,7 +297,7 @@ def test_kill_during_fetch_leaves_the_copy_whole_or_absent(cluster):
     again.flush()
     if b in again.list("fetched_midway")[0].holders:
         assert again.verify("fetched_midway").ok
-    assert ray.get(on(b).get.remote("fetched_midway")) == (1, 6.0, 6.0)
+    assert ray.get(peer(b).get.remote("fetched_midway")) == (1, 6.0, 6.0)
 
 
 def test_readers_on_every_node_never_see_a_torn_snapshot_while_a_learner_publishes(cluster, tmp_path):
@@ -293,7 +306,7 @@ def test_readers_on_every_node_never_see_a_torn_snapshot_while_a_learner_publish
     nodes = node_ids(c)
     readers = [on(nodes[i % len(nodes)]) for i in range(2 * len(nodes))]
     ray.get([r.node_and_store.remote() for r in readers])  # all started and connected
-    learner = on(nodes[0])
+    learner = peer(nodes[0])
     ray.get(learner.publish.remote("learner", 1, mib=0.5))
     started = [tmp_path / f"reader{i}" for i in range(len(readers))]
     loops = [r.read_until.remote("learner", 11, str(flag)) for r, flag in zip(readers, started, strict=True)]
@@ -310,7 +323,7 @@ def test_sigkilled_catalog_restarts_with_every_version_and_watchers_carry_on(clu
     c, _, _ = cluster
     a, b, _ = node_ids(c)
     catalog = ray.get_actor(CATALOG_NAME, namespace=NAMESPACE)
-    published = [ray.get(on(a).publish.remote("ledger", v, mib=0.1)) for v in (1, 2, 3)]
+    published = [ray.get(peer(a).publish.remote("ledger", v, mib=0.1)) for v in (1, 2, 3)]
     before = ray.get(catalog.watch.remote(0, 0))
     assert before.reset and before.latest["ledger"] == published[-1]
     os.kill(ray.get(catalog.__ray_call__.remote(lambda self: os.getpid())), signal.SIGKILL)
@@ -322,10 +335,10 @@ def test_sigkilled_catalog_restarts_with_every_version_and_watchers_carry_on(clu
     assert catalog_node() == c.head_node.node_id  # restarted on the head node again
     after = ray.get(catalog.watch.remote(before.seq, 0, before.epoch))
     assert after.epoch == before.epoch and not after.reset  # the same database: the event log goes on
-    assert ray.get(on(b).publish.remote("ledger", 4, mib=0.1)) == published[-1] + 1  # no version handed out twice
+    assert ray.get(peer(b).publish.remote("ledger", 4, mib=0.1)) == published[-1] + 1  # no version handed out twice
     events = ray.get(catalog.watch.remote(before.seq, 30.0, before.epoch))
     assert [e.version for e in events.committed] == [published[-1] + 1]
-    assert ray.get(on(b).get.remote("ledger")) == (4, 4.0, 4.0)
+    assert ray.get(peer(b).get.remote("ledger")) == (4, 4.0, 4.0)
 
 
 def test_the_catalog_runs_on_the_head_node_whoever_starts_it(cluster):
@@ -333,6 +346,9 @@ def test_the_catalog_runs_on_the_head_node_whoever_starts_it(cluster):
     declares it dead. (Last in this module: it stops every store and the catalog.)"""
     c, _, _ = cluster
     _, b, _ = node_ids(c)
+    for process in _peers.values():  # none of the module's workers (followers of the old catalog) is left
+        ray.kill(process)
+    _peers.clear()
     policystore.client.shutdown_all()  # files stay; the next connect starts the catalog again
     assert ray.get(on(b).node_and_store.remote()) == (b, b)  # a worker on node b is the first to connect
     assert catalog_node() == c.head_node.node_id
