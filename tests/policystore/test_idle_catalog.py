@@ -24,7 +24,7 @@ def catalog_calls(catalog) -> dict[str, int]:
     return ray.get(catalog.health.remote()).calls
 
 
-def test_an_idle_store_never_calls_the_catalog_yet_its_staleness_bound_holds(make_store):
+def test_an_idle_store_never_calls_the_catalog_yet_its_staleness_bound_holds(make_store, tmp_path):
     store = make_store(max_staleness_s=1.0)
     store.publish("idle", {"w": np.ones(16, dtype=np.float32)})
     node = ray.get_runtime_context().get_node_id()
@@ -45,8 +45,16 @@ def test_an_idle_store_never_calls_the_catalog_yet_its_staleness_bound_holds(mak
 
     # a stuck catalog (its lock held) beats no more: the store's view is not renewed, although the doorbell
     # still answers, and readers that need a fresher one ask the catalog (and wait for it, within their deadline)
-    held = catalog.__ray_call__.remote(lambda self: (self._lock.acquire(), time.sleep(3.0), self._lock.release()))
-    time.sleep(1.0)
+    locked = tmp_path / "locked"  # the lock is held from then on (on a loaded machine the call may start late)
+
+    def hold_lock(self) -> None:
+        with self._lock:
+            locked.touch()
+            time.sleep(4.0)
+
+    held = catalog.__ray_call__.remote(hold_lock)
+    eventually(locked.exists, "the catalog's lock held")
+    time.sleep(0.5)  # a beat sent just before may still be on its way
     stuck = as_of(store_actor)
     time.sleep(1.5)
     assert as_of(store_actor) == stuck
