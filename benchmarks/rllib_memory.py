@@ -29,7 +29,9 @@ Rows (``what`` says which is which; PSS and USS in MiB):
   private and file PSS (shared object-store pages left out) plus the bytes of live objects in the object store.
   A freed object's pages stay touched, so once ``train()`` has moved weights through the object store new
   snapshots reuse those pages and the ``node`` PSS delta undercounts them (``--job train``); ``copies_live`` =
-  live_mib / (K x module size).
+  live_mib / (K x module size). ``anon_mib`` is the private heap part alone (anonymous PSS) and ``copies_heap`` =
+  (live objects + anon_mib) / (K x module size): the count without library pages, whose PSS share moves with
+  every other process on the machine that maps the same files (another Ray session's torch), not with the league.
 - ``env_runner``: the delta per remote EnvRunner (mean over the N). PSS = its private growth plus its share of
   the shared snapshots; USS = its private growth alone.
 - ``store_actor``, ``catalog_actor`` (store mode): those processes' own PSS and USS, absolute (not deltas): the
@@ -46,8 +48,8 @@ Rows (``what`` says which is which; PSS and USS in MiB):
   (``process``: e.g. ``driver+env_runner_1+env_runner_2+store_actor``): the snapshots the league plays, and any
   object still alive or borrowed at the reading.
 - ``summary`` (a run with ``rllib+store`` and ``none``): ``league_copies`` = the store's ``copies_live`` minus the
-  control's ``control_copies_live``: the league's own share once RLlib's and Ray's growth over the same iterations
-  is taken out.
+  control's ``control_copies_live``, and ``league_copies_heap`` the same for ``copies_heap``: the league's own
+  share once RLlib's and Ray's growth over the same iterations is taken out.
 """
 
 from __future__ import annotations
@@ -76,8 +78,8 @@ from benchmarks.harness import (
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rllib", "rllib+store", "none")
 COLUMNS = ["job", "mode", "env_runners", "frozen", "iteration", "what", "process", "pss_mib", "uss_mib",
-           "copies_per_node", "live_mib", "anon_mib", "copies_live", "control_copies_live", "league_copies", "held",
-           "module_mib", "loadavg_1m"]
+           "copies_per_node", "live_mib", "anon_mib", "copies_live", "copies_heap", "control_copies_live",
+           "league_copies", "league_copies_heap", "held", "module_mib", "loadavg_1m"]
 JOBS = ("freeze", "train", "churn")
 
 
@@ -90,13 +92,14 @@ def pss_uss(pids: list[int]) -> tuple[int, int]:
     return pss, uss
 
 
-def live_bytes() -> int:
-    """The session's memory counted without the object store's page reuse: every process's private and file pages
-    (PSS, shared object-store pages left out) plus the bytes of live objects in the object store. The node PSS sum
-    counts object-store pages once they are touched, and a freed object's pages stay touched: after ``train()`` has
-    moved weights through the object store, new snapshots reuse those pages and the node delta undercounts them."""
+def live_parts() -> tuple[int, int, int]:
+    """The session's memory counted without the object store's page reuse: every process's private (anon) and file
+    pages (PSS, shared object-store pages left out), and the bytes of live objects in the object store. The node PSS
+    sum counts object-store pages once they are touched, and a freed object's pages stay touched: after ``train()``
+    has moved weights through the object store, new snapshots reuse those pages and the node delta undercounts
+    them."""
     parts = pss_breakdown_bytes([psutil.Process(pid) for pid in session_pids() if psutil.pid_exists(pid)])
-    return parts["anon"] + parts["file"] + object_store_used_bytes()
+    return parts["anon"], parts["file"], object_store_used_bytes()
 
 
 def objects_by_holder(roles: dict[str, int]) -> dict[str, int]:
@@ -161,7 +164,7 @@ def process_roles(algorithm: Any, stock: bool) -> dict[str, int]:
 
 
 def by_process(roles: dict[str, int]) -> dict[str, tuple[int, int, int, int]]:
-    """PSS, USS, live bytes (private and file PSS: ``live_bytes`` without the objects) and anonymous PSS of each
+    """PSS, USS, live bytes (private and file PSS: ``live_parts`` without the objects) and anonymous PSS of each
     role, and of ``rest``: the session's other processes."""
     groups = {role: [pid] for role, pid in roles.items()}
     groups["rest"] = [pid for pid in session_pids() if pid not in set(roles.values())]
@@ -244,7 +247,7 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
         runners = env_runner_pids(algorithm)
         roles = process_roles(algorithm, stock)
         base_node, base_runners, base_roles = pss_uss(session_pids()), pss_uss(runners), by_process(roles)
-        base_live = live_bytes()
+        base_live = live_parts()
         have: list[str] = []
         for k, iteration in readings(job, frozen, cap, iterations):
             while len(have) < k or algorithm.iteration < iteration:
@@ -271,9 +274,11 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
             results.emit({**point, "what": "node", "pss_mib": round(node_pss, 1),
                           "uss_mib": round((node[1] - base_node[1]) / MiB, 1),
                           "copies_per_node": round(node_pss / (k * size), 2)})
-            live = (live_bytes() - base_live) / MiB
-            results.emit({**point, "what": "node_live", "live_mib": round(live, 1),
-                          "copies_live": round(live / (k * size), 2), "held": held(algorithm, stock)})
+            anon, file, objects = ((a - b) / MiB for a, b in zip(live_parts(), base_live, strict=True))
+            live = anon + file + objects
+            results.emit({**point, "what": "node_live", "live_mib": round(live, 1), "anon_mib": round(anon, 1),
+                          "copies_live": round(live / (k * size), 2),
+                          "copies_heap": round((anon + objects) / (k * size), 2), "held": held(algorithm, stock)})
             now = pss_uss(runners)
             results.emit({**point, "what": "env_runner",
                           "pss_mib": round((now[0] - base_runners[0]) / MiB / env_runners, 1),
@@ -302,16 +307,18 @@ def emit_actors(results: Results, point: dict[str, Any], algorithm: Any) -> None
 def league_copies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``summary`` rows where a run measured both the store and ``none`` (the same training, nothing frozen): the
     league's own share of the live count, ``league_copies`` = the store's ``copies_live`` minus the control's
-    (RLlib's and Ray's growth over the same iterations)."""
-    live = {(r["job"], r["mode"], r["env_runners"], r["frozen"], r["iteration"]): r["copies_live"]
+    (RLlib's and Ray's growth over the same iterations), and ``league_copies_heap`` the same of ``copies_heap``."""
+    live = {(r["job"], r["mode"], r["env_runners"], r["frozen"], r["iteration"]): r
             for r in rows if r["what"] == "node_live"}
     out = []
-    for (job, mode, n, k, iteration), copies in live.items():
+    for (job, mode, n, k, iteration), row in live.items():
         control = live.get((job, "none", n, k, iteration))
         if mode == "rllib+store" and control is not None:
             out.append({"job": job, "mode": mode, "env_runners": n, "frozen": k, "iteration": iteration,
-                        "what": "summary", "copies_live": copies, "control_copies_live": control,
-                        "league_copies": round(copies - control, 2)})
+                        "what": "summary", "copies_live": row["copies_live"], "copies_heap": row["copies_heap"],
+                        "control_copies_live": control["copies_live"],
+                        "league_copies": round(row["copies_live"] - control["copies_live"], 2),
+                        "league_copies_heap": round(row["copies_heap"] - control["copies_heap"], 2)})
     return out
 
 
