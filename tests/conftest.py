@@ -1,11 +1,15 @@
-"""Shared fixtures: one Ray session per test module (Ray takes ~3 s to start on 2 cores)."""
+"""Shared fixtures: one Ray session per pytest process, shared by the modules that use it (Ray takes 3-5 s to start
+and stop on 2 cores)."""
 
+import gc
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,39 +74,44 @@ def _print_ray_stacks(capture) -> None:
                       file=sys.stderr)
 
 
-# Seconds the long test files (or tests) take on 2 cores (summed per file: measured one file at a time on a quiet
-# machine where known, else a whole-suite --durations run under load scaled to CI's pace). pytest-xdist hands whole
-# files to its two workers (--dist loadfile: a module's shared Ray session, Algorithm or cluster stays on one
-# worker) in the order set here, the longest first, so that both workers end together instead of one finishing
-# alone with a long file picked up last. What is not listed is short and comes after, in collection order. Only
-# the order depends on these figures: refresh them when a file grows.
+# Seconds the long test files (or tests) take on 2 cores: a quiet whole-suite run's --durations (2 workers) summed
+# per file, less what a later change to a file's scenario took out (an estimate until the next such run).
+# pytest-xdist hands whole files to its two workers (--dist loadfile: a module's shared Ray session, Algorithm or
+# cluster stays on one worker) in the order set here, the longest first, so that both workers end together instead
+# of one finishing alone with a long file picked up last. What is not listed is short and comes after, in
+# collection order. Only the order depends on these figures: refresh them when a file grows.
 LONG = {
-    "tests/policystore/test_durable.py": 108,
-    "tests/policystore/test_cluster.py": 106,
+    "tests/policystore/test_durable.py": 105,
+    "tests/policystore/test_cluster.py": 100,
     "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[memory_scaling]": 85,
-    "tests/rllib/test_rllib_lifecycle.py": 72,
-    "tests/rllib/test_rllib_memory.py": 60,
+    "tests/trainer/test_trainer_e2e.py": 75,
+    "tests/policystore/test_watch.py": 75,
+    "tests/policystore/test_cli_offline.py": 64,
     "tests/benchmarks/test_partition_net_quick.py": 57,
-    "tests/policystore/test_watch.py": 73,
-    "tests/trainer/test_trainer_e2e.py": 50,
+    "tests/rllib/test_rllib_league.py": 56,
+    "tests/rllib/test_rllib_memory.py": 50,
+    "tests/rllib/test_rllib_tune.py": 50,
     "tests/benchmarks/test_chaos_quick.py": 46,
     "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[league_throughput]": 46,
-    "tests/rllib/test_rllib_tune.py": 45,
-    "tests/rllib/test_rllib_restore.py": 40,
+    "tests/trainer/test_own_games.py": 42,
+    "tests/workers/test_workers_rollout.py": 40,
     "tests/test_package.py": 40,
-    "tests/policystore/test_cli_offline.py": 36,
+    "tests/rllib/test_rllib_restore.py": 37,
     "tests/benchmarks/test_fanout_net_quick.py": 35,
+    "tests/policystore/test_protect.py": 34,
     "tests/policystore/test_catalog_recovery.py": 34,
+    "tests/rllib/test_rllib_lifecycle.py": 30,
     "tests/rllib/test_rllib_stock.py": 30,
     "tests/rllib/test_rllib_nim.py": 30,
-    "tests/workers/test_workers_rollout.py": 36,
-    "tests/policystore/test_protect.py": 33,
+    "tests/policystore/test_tenancy.py": 25,
     "tests/policystore/test_client.py": 28,
     "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results[publish]": 27,
     "tests/policystore/test_metrics.py": 25,
     "tests/policystore/test_remote.py": 23,
     "tests/test_docs.py": 24,
     "tests/policystore/test_reader.py": 23,
+    "tests/policystore/test_server.py": 20,
+    "tests/policystore/test_idle_catalog.py": 19,
     "tests/benchmarks/test_benchmarks_smoke.py::test_quick_run_writes_results": 18,  # the other benchmarks
 }
 # Files whose tests share nothing (each runs its own subprocess): handed out test by test, so that a file of
@@ -112,11 +121,15 @@ INDEPENDENT = {"tests/benchmarks/test_benchmarks_smoke.py"}
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """The long files first (LONG); the sort is stable: a file's tests keep their order."""
+    """The long files first (LONG), then the files of the shared Ray session; the sort is stable: a file's tests
+    keep their order."""
     def expected_s(item: pytest.Item) -> float:
         return max((s for key, s in LONG.items() if item.nodeid.startswith(key)), default=0.0)
 
-    items.sort(key=lambda item: -expected_s(item))
+    _SHARED_RAY_MODULES.update(item.nodeid.split("::", 1)[0] for item in items if "ray_session" in item.fixturenames)
+    # among files of the same expected time, those of the shared Ray session first: a worker that takes them one
+    # after another keeps its session
+    items.sort(key=lambda item: (-expected_s(item), item.nodeid.split("::", 1)[0] not in _SHARED_RAY_MODULES))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -144,12 +157,82 @@ def _same_random_state():
     np.random.seed(0)
 
 
+# Modules that ask for the shared Ray session (``ray_session``, directly or through another fixture): set at
+# collection. Any other module that may use Ray finds none running (_no_shared_ray_in_other_modules).
+_SHARED_RAY_MODULES: set[str] = set()
+_MAY_USE_RAY = re.compile(r"\bray\b|policystore\.trainer|subprocess")
+
+
+@pytest.fixture(scope="session")
+def _shared_ray():
+    """The pytest process's shared Ray session, while one is up ({"session": its name}); ended with the run."""
+    shared: dict[str, str] = {}
+    yield shared
+    if shared and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
-def ray_session():
-    ray.init(address="local", num_cpus=2, object_store_memory=1_500_000_000, include_dashboard=False,
-             logging_level="warning")
+def ray_session(_shared_ray):
+    """One Ray session per pytest process, shared by the modules that use it one after another (a start and a
+    shutdown cost 3-5 s on 2 cores). Each module still starts as on a fresh session: no policystore actor of any
+    league, no store folder or catalog database of the session's default root, nothing cached in this process
+    (_forget_policystore_state after each module)."""
+    if not (_shared_ray and ray.is_initialized()
+            and ray.get_runtime_context().get_session_name() == _shared_ray["session"]):
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(address="local", num_cpus=2, object_store_memory=1_500_000_000, include_dashboard=False,
+                 logging_level="warning")
+        _shared_ray["session"] = ray.get_runtime_context().get_session_name()
     yield
+    if ray.is_initialized() and ray.get_runtime_context().get_session_name() == _shared_ray.get("session"):
+        _forget_policystore_state(_shared_ray["session"])
+        if _all_cpus_free_within(10.0):
+            return
+    # a test ended the session or started another, or something of this module still holds CPUs: the next module
+    # starts a session of its own
+    _shared_ray.clear()
     ray.shutdown()
+
+
+def _all_cpus_free_within(seconds: float) -> bool:
+    """Whether every CPU of the session is free again (the module's actors, their handles dropped, are gone)."""
+    gc.collect()
+    deadline = time.monotonic() + seconds
+    while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0) - 1e-6:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _forget_policystore_state(session_name: str) -> None:
+    """What a new Ray session would leave behind of policystore: its actors (stores and catalogs of every league,
+    killed for good), the session's default spill root (a later default-league store must not rebuild from it)
+    and this process's per-league state."""
+    from policystore import remote, session
+    from policystore.config import StoreConfig
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == remote.NAMESPACE]
+    for name in names:
+        remote.kill(name)
+    with session._session_lock:
+        for state in session._sessions.values():
+            state.close()
+        session._sessions.clear()
+    shutil.rmtree(StoreConfig.default_root(session_name), ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_shared_ray_in_other_modules(request, _shared_ray):
+    """A module that does not use the shared session but may use Ray (its own ``ray.init``, a cluster, a trainer
+    or a subprocess that starts one) runs with no shared session up, as it would alone."""
+    if _shared_ray and request.node.nodeid not in _SHARED_RAY_MODULES \
+            and _MAY_USE_RAY.search(Path(request.node.path).read_text()):
+        _shared_ray.clear()
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 @pytest.fixture

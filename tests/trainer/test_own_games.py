@@ -2,7 +2,8 @@
 against the protocol outside the package (examples/coins_game.py, through its import path, as ``--game`` takes it)
 and OpenSpiel's Kuhn poker (chips as returns, the information-state tensor as observation). Tiny sizes: what is
 checked is that learners update on the game's moves and the store serves its snapshots as shared views, not
-strength (docs/own-game.md)."""
+strength (docs/own-game.md). The runs join the suite's shared Ray session, as a trainer started inside a running
+Ray does, each with a store of its own."""
 
 import io
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+import policystore
 from policystore import remote
 from policystore.league.matchmaking import LeagueConfig
 from policystore.trainer.config import TrainConfig
@@ -39,8 +41,16 @@ def tiny_run(run_dir, game: str) -> tuple[dict, list[dict]]:
         rd.release()
 
 
+@pytest.fixture
+def in_ray(ray_session):
+    """The shared session, with no store of another run in it (the trainer connects its own to its run folder)."""
+    policystore.client.shutdown_all()
+    yield
+    policystore.client.shutdown_all()
+
+
 @pytest.mark.parametrize("game", ["examples.coins_game:make_game", "openspiel:kuhn_poker"])
-def test_a_tiny_run_trains_on_the_game_with_its_snapshots_shared(tmp_path, game):
+def test_a_tiny_run_trains_on_the_game_with_its_snapshots_shared(in_ray, tmp_path, game):
     report, modules = tiny_run(tmp_path / "run", game)
     assert report["env_steps"] > 0
     learner = report["learners"][0]
