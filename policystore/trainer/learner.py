@@ -8,7 +8,7 @@ It trains on a GPU when Ray gives it one (a fractional ``num_gpus`` lets shards 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import ray
@@ -30,6 +30,14 @@ def choose_device(gpu_ids: list) -> torch.device:
 def host_weights(net: nn.Module) -> dict[str, torch.Tensor]:
     """The net's weights on the host, ready to publish: one device-to-host copy on a GPU, none on CPU."""
     return {k: v.detach().to("cpu") for k, v in net.state_dict().items()}
+
+
+class Added(NamedTuple):
+    """``LearnerShard.add``'s answer: the updates so far and the newest version published, which the worker that
+    waits on this answer plays next (a version it holds costs it no store call; asking for "latest" costs one)."""
+
+    updates: int
+    version: int
 
 
 class LearnerShard:
@@ -74,9 +82,8 @@ class LearnerShard:
         return {"player": self.player, "updates": self.ppo.updates, "samples": self.samples,
                 "hidden": self.ppo.net.hidden}
 
-    def add(self, batch: dict[str, np.ndarray]) -> int:
-        """Queue a worker's trajectories; train (and maybe publish) once a full batch is there.
-        Returns the number of updates so far."""
+    def add(self, batch: dict[str, np.ndarray]) -> Added:
+        """Queue a worker's trajectories; train (and maybe publish) once a full batch is there."""
         self.buffer.append(batch)
         self.buffered += len(batch["actions"])
         if self.buffered >= self.ppo.cfg.batch:
@@ -86,7 +93,7 @@ class LearnerShard:
             self.samples += len(data["actions"])
             if self.ppo.updates % self.publish_every == 0:
                 self.publish()
-        return self.ppo.updates
+        return Added(self.ppo.updates, self.live[-1])
 
     def set_progress(self, progress: float) -> None:
         """The share of the run done, for the learning-rate schedule."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from torch import nn
 
 import policystore
+from policystore.errors import SnapshotLostError, UnknownVersionError
 
 STORE, PRIVATE = "store", "private"
 MODES = (STORE, PRIVATE)
@@ -28,9 +29,17 @@ class SnapshotModules:
         self._modules: OrderedDict[tuple[str, int], nn.Module] = OrderedDict()
         self._frozen: dict[str, int] = {}  # frozen snapshots never change: skip the store round trip
 
-    def get(self, policy_id: str, frozen: bool) -> nn.Module:
-        """The latest version of ``policy_id`` (a frozen snapshot's only version)."""
-        version = self._frozen.get(policy_id) if frozen else None
+    def get(self, policy_id: str, frozen: bool, version: int | None = None) -> nn.Module:
+        """The latest version of ``policy_id`` (a frozen snapshot's only version), or ``version`` when the caller
+        knows the newest one (a learner's answer): a module held for it costs no store call, where asking the
+        store for "latest" costs a round trip per call. A ``version`` deleted since is replaced by the latest."""
+        if version is not None and (policy_id, version) not in self._modules:
+            try:
+                return self._keep((policy_id, version), self._load(policy_id, version))
+            except (UnknownVersionError, SnapshotLostError):
+                version = None
+        if version is None and frozen:
+            version = self._frozen.get(policy_id)
         if version is None:
             snap = self.store.get(policy_id)
             version = snap.id.version
@@ -38,12 +47,14 @@ class SnapshotModules:
                 self._frozen[policy_id] = version
         key = (policy_id, version)
         module = self._modules.get(key)
-        if module is None:
-            module = self._load(policy_id, version)
-            self._modules[key] = module
-            while len(self._modules) > self.capacity:
-                self._modules.popitem(last=False)
+        return self._keep(key, self._load(policy_id, version) if module is None else module)
+
+    def _keep(self, key: tuple[str, int], module: nn.Module) -> nn.Module:
+        """``module`` as the most recently used, the least recently used beyond ``capacity`` dropped."""
+        self._modules[key] = module
         self._modules.move_to_end(key)
+        while len(self._modules) > self.capacity:
+            self._modules.popitem(last=False)
         return module
 
     def _load(self, policy_id: str, version: int) -> nn.Module:

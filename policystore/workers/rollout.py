@@ -4,7 +4,9 @@ Per match: ask the league for (learner, opponent), take both policies from the n
 (the learner's latest published version, the opponent's snapshot), play ``games_per_match`` games at once
 with one batched forward pass per policy and move, send the learner's moves to its learner shard and the
 result to the league. At most one batch per learner is in flight: a worker that outruns a learner waits for
-it instead of piling up stale trajectories.
+it instead of piling up stale trajectories. The learner's answer names its newest version, which the worker
+plays next: no store round trip per match to ask for "latest", only a read of a version it does not hold yet
+(usually pushed to it ahead).
 """
 
 from __future__ import annotations
@@ -59,12 +61,19 @@ class RolloutWorker:
         self.mirror_rng = self.rng if config.mirror and game.mirrored else None
         self.game = game
         self.in_flight: dict[str, ray.ObjectRef] = {}
+        self.versions: dict[str, int] = {}  # each learner's newest version, from its last answer to add
         self.steps = 0
         self.matches = 0
         self.play_seconds = 0.0
+        self.lookup_seconds = 0.0  # taking the match's policies from the store
+        self.wait_seconds = 0.0    # waiting for a learner to take the previous batch (back-pressure)
 
     def play_match(self, match: Match) -> MatchResult:
-        learner = self.modules.get(match.learner, frozen=False)
+        start = time.perf_counter()
+        previous = self.in_flight.get(match.learner)
+        if previous is not None and ray.wait([previous], timeout=0)[0]:  # answered while the last match played
+            self._settle(match.learner)
+        learner = self.modules.get(match.learner, frozen=False, version=self.versions.get(match.learner))
         policy = net_policy(learner, self.generator)
         if match.scripted:
             opponent, record = scripted_policy(BASELINES[match.opponent], self.rng), (True, False)
@@ -74,18 +83,25 @@ class RolloutWorker:
         else:
             opponent = net_policy(self.modules.get(match.opponent, frozen=match.frozen), self.generator)
             record = (True, False)
-        start = time.perf_counter()
+        played = time.perf_counter()
+        self.lookup_seconds += played - start
         outcome = play(self.env, (policy, opponent), record, self.config.gamma, self.config.gae_lambda,
                        self.mirror_rng, self.opening())
-        self.play_seconds += time.perf_counter() - start
-        previous = self.in_flight.get(match.learner)
-        if previous is not None:
-            remote.get(previous, ANSWER_S, f"the learner of {match.learner}", "add")
+        waited = time.perf_counter()
+        self.play_seconds += waited - played
+        self._settle(match.learner)
+        self.wait_seconds += time.perf_counter() - waited
         self.in_flight[match.learner] = remote.send(self.learners[match.learner], "add", outcome.batch)
         self.steps += outcome.steps
         self.matches += 1
         return MatchResult(match.learner, match.opponent, outcome.wins, outcome.draws, outcome.losses,
                            outcome.steps, outcome.score)
+
+    def _settle(self, learner: str) -> None:
+        """Wait for ``learner`` to take the batch in flight to it, if any; note the version it answers with."""
+        previous = self.in_flight.pop(learner, None)
+        if previous is not None:
+            self.versions[learner] = remote.get(previous, ANSWER_S, f"the learner of {learner}", "add").version
 
     def opening(self) -> Callable[[VecGame], None] | None:
         """This match's random openings: ``opening_share`` of the games, each of a uniform length."""
@@ -119,4 +135,5 @@ class RolloutWorker:
 
     def stats(self) -> dict[str, Any]:
         return {"steps": self.steps, "matches": self.matches, "play_seconds": self.play_seconds,
+                "lookup_seconds": self.lookup_seconds, "wait_seconds": self.wait_seconds,
                 "modules": len(self.modules), "pss_mib": process_pss_bytes() / MiB}

@@ -8,10 +8,12 @@ from helpers import eventually
 
 from policystore.league.connect4 import COLS, NUM_PLANES, ROWS
 from policystore.league.constants import FROZEN_META_KEY, HISTORICAL
+from policystore.league.games import CONNECT4
 from policystore.league.matchmaking import LeagueConfig
 from policystore.trainer.league_actor import LeagueActor
 from policystore.trainer.learner import LearnerShard
 from policystore.trainer.ppo import PPOConfig
+from policystore.workers.modules import SnapshotModules
 from policystore.workers.rollout import RolloutWorker, WorkerConfig
 
 HIDDEN = 16
@@ -45,9 +47,9 @@ def test_learner_publishes_versions_snapshots_and_resets(store, tmp_path):
     assert ray.get(learner.stats.remote())["device"] == "cpu"
     initial = weights(store.get("lrn_main"))
     assert store.get("lrn_main").id.version == 1
-    assert ray.get(learner.add.remote(random_batch(100))) == 0          # below the batch size: no update
-    for _ in range(3):
-        ray.get(learner.add.remote(random_batch(300)))
+    assert ray.get(learner.add.remote(random_batch(100))) == (0, 1)     # below the batch size: no update
+    answers = [ray.get(learner.add.remote(random_batch(300))) for _ in range(3)]
+    assert answers == [(1, 2), (2, 3), (3, 4)]                          # each answer names the newest version
     # published by another process: this one's "latest" catches up by push, within the store's staleness bound
     eventually(lambda: store.get("lrn_main").id.version == 4, "v4 pushed to the driver")
     latest = store.get("lrn_main")
@@ -145,3 +147,19 @@ def test_worker_plays_a_scripted_league_member_without_a_net(store, tmp_path):
     assert played[players.index("main_0"), players.index("winblock")] == 64
     # The scripted player is no store policy: the worker built no module for it.
     assert {m["policy"] for m in ray.get(worker.module_report.remote())} == {"main_0"}
+
+
+def test_snapshot_modules_serve_a_named_version_held_without_asking_for_latest(store):
+    """A worker that knows a learner's newest version (from the learner's answer) plays the module it holds for it;
+    a version deleted before it was read gives way to the latest."""
+    build = lambda: CONNECT4.net(HIDDEN)  # noqa: E731
+    for _ in range(2):
+        store.publish("mod_p", build().state_dict())
+    modules = SnapshotModules(store, build)
+    v2 = modules.get("mod_p", frozen=False, version=2)
+    store.publish("mod_p", build().state_dict())                        # v3: the store's latest now
+    assert modules.get("mod_p", frozen=False, version=2) is v2          # held: no lookup of "latest"
+    eventually(lambda: modules.get("mod_p", frozen=False) is not v2, "v3 pushed to the driver")
+    store.delete("mod_p", version=1)
+    fallback = modules.get("mod_p", frozen=False, version=1)            # gone before it was read: the latest
+    assert fallback is modules.get("mod_p", frozen=False) and ("mod_p", 1) not in dict(modules.items())
