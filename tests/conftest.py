@@ -160,7 +160,7 @@ def _same_random_state():
 # Modules that ask for the shared Ray session (``ray_session``, directly or through another fixture): set at
 # collection. Any other module that may use Ray finds none running (_no_shared_ray_in_other_modules).
 _SHARED_RAY_MODULES: set[str] = set()
-_MAY_USE_RAY = re.compile(r"\bray\b|policystore\.trainer|subprocess")
+_MAY_USE_RAY = re.compile(r"\bray\b|policystore\.trainer|subprocess", re.IGNORECASE)  # its source says so
 
 
 @pytest.fixture(scope="session")
