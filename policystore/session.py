@@ -144,6 +144,10 @@ class Session:
             self.snapshots.pop(sid, None)
             if deleted:
                 self.deleted.add(sid)
+                if self.seen.get(sid.policy_id, 0) <= sid.version:  # nothing newer of it known here
+                    # its build callable holds the module spec and, through it, the cached meta skeleton: a league
+                    # that churns its opponents would keep both for every policy it ever played
+                    self.builders.pop(sid.policy_id, None)
                 if self.seen.get(sid.policy_id) == sid.version:
                     del self.seen[sid.policy_id]
             followers = list(self.followers.values())

@@ -119,9 +119,10 @@ def test_refreezing_an_id_lets_go_of_its_old_snapshot(algo):
     assert [row.id for row in league_store(algo).list(old.policy_id)] == [new]
 
 
-def test_a_removed_opponent_leaves_rllibs_metrics(algo):
+def test_a_removed_opponent_leaves_no_per_module_records(algo):
     """RLlib records every module id it has played (lifetime counters too) in each EnvRunner and the Algorithm, and
-    reports all of them in every result: a churning league forgets its removed opponents'."""
+    reports all of them in every result, and each process's store client keeps the build callable of every policy it
+    loaded: a churning league forgets its removed opponents'."""
     def played(stats: dict) -> set[str]:
         return {mid for key in (NUM_MODULE_STEPS_SAMPLED_LIFETIME, EPISODE_MODULE_RETURN_MEAN)
                 for mid in stats.get(key, {})}
@@ -132,6 +133,11 @@ def test_a_removed_opponent_leaves_rllibs_metrics(algo):
     runners = algo.env_runner_group.foreach_env_runner(lambda runner: played(runner.metrics.peek()))
     assert runners and all("played" not in ids for ids in runners)  # the driver's local EnvRunner and the remote one
     assert "played" not in played(algo.metrics.peek().get(ENV_RUNNER_RESULTS, {}))
+    # Nor does any process's store client keep its module's build callable (the spec and a skeleton module).
+    policy = f"{league_name(algo)}.played"
+    eventually(lambda: not any(algo.env_runner_group.foreach_env_runner(
+        lambda runner: policy in runner._policystore_settings().store()._session.builders)),
+        "the removed module's build callable let go in every EnvRunner", 30)
 
 
 def test_mistakes_are_refused_in_the_driver_and_change_nothing(algo):
