@@ -3,11 +3,12 @@ cost what they cost on a cluster's network instead of what two shared cores and 
 
 ``Testbed`` builds N namespaces (``ip netns``) on one bridge of its own, a veth pair per node with ``tbf`` at the
 given rate on both ends (the namespace's ``eth0`` is the node's uplink, the bridge port its downlink), addresses on
-one private /24, then starts one Ray node per namespace (``ip netns exec NS ray start ...``) with its own temp
-folder and small object stores. Scenarios run their driver inside the head's namespace (``Testbed.run``).
-Leaving (also on an error or Ctrl-C) removes exactly what it built: the namespaces' processes (``ip netns
-pids``), the namespaces, the bridge, the temp folder (Ray's ``ray_current_cluster`` record is in it). It never
-runs ``ray stop`` (that stops every Ray on the machine) and never touches an address outside its /24.
+one private /24, then starts one Ray node per namespace (``ip netns exec NS ray start ...``; the head, then the
+others at once), each with a temp folder of its own inside the testbed's and a small object store. Scenarios
+run their driver inside the head's namespace (``Testbed.run``). Leaving (also on an error, Ctrl-C or SIGTERM)
+removes exactly what it built: the namespaces' processes (``ip netns pids``), the namespaces, the bridge, the temp
+folder (Ray's ``ray_current_cluster`` record is in it). It never runs ``ray stop`` (that stops every Ray on the
+machine) and never touches an address outside its /24.
 
 It needs root with CAP_NET_ADMIN, ``ip`` and ``tc``, and the ``sch_tbf`` qdisc; ``unavailable()`` says why not.
 The scenarios are ``benchmarks.fanout_net`` (and its ``--quick`` smoke run in the suite).
@@ -23,9 +24,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,22 +144,34 @@ class Testbed:
         return {**os.environ, **RAY_ENV, **self.extra_env, "PYTHONPATH": path}
 
     def _ray(self) -> None:
+        """The head first, then every other node at once: each ``ray start`` mostly waits (its CLI's imports, the
+        raylet's registration), so joining them one after the other cost a testbed of 4 nodes 3 such waits more.
+        Every node has a temp folder of its own: Ray names a node's sockets and logs by the first free index in its
+        folder, which two nodes starting at once in one folder both take (the second raylet's bind fails)."""
+        self._start(0)
+        retries = threading.Lock()
+        with ThreadPoolExecutor(self.nodes - 1) as pool:  # raises the first node's error that failed
+            list(pool.map(self._start, range(1, self.nodes), [retries] * (self.nodes - 1)))
+
+    def _start(self, i: int, retries: threading.Lock | None = None) -> None:
+        """``ray start`` on node ``i``, up to START_ATTEMPTS times; after a failure (a loaded machine: Ray gives a
+        raylet 30 s to register) the retries of every node go one at a time, as they do with ``retries``."""
         ray = str(Path(sys.executable).with_name("ray"))
-        common = ["--temp-dir", str(self.temp_dir), "--disable-usage-stats",
+        common = ["--temp-dir", str(self.temp_dir / f"node{i}"), "--disable-usage-stats",
+                  "--include-log-monitor=false",  # one process less per node: the drivers take no worker output
                   f"--num-cpus={self.num_cpus}", f"--object-store-memory={self.object_store_mib * MiB}"]
-        for i, ns in enumerate(self.namespaces):
-            head = ["--head", f"--port={PORT}", "--include-dashboard=false"]
-            role = head if i == 0 else [f"--address={self.address}"]
-            for attempt in range(START_ATTEMPTS):  # a loaded head's GCS can miss a joining node's deadline
+        ns = self.namespaces[i]
+        role = ["--head", f"--port={PORT}", "--include-dashboard=false"] if i == 0 else [f"--address={self.address}"]
+        for attempt in range(START_ATTEMPTS):  # a loaded head's GCS can miss a joining node's deadline
+            with retries if retries is not None and attempt else contextlib.nullcontext():
                 done = subprocess.run(["ip", "netns", "exec", ns, ray, "start", *role,
                                        f"--node-ip-address={self.ip(i)}", *common],
                                       env=self.env(), capture_output=True, text=True, timeout=180)
                 if done.returncode == 0:
-                    break
+                    return
                 self._kill(ns)
-                if attempt == START_ATTEMPTS - 1:
-                    raise RuntimeError(f"ray start on node {i} ({ns}) failed {START_ATTEMPTS} times, last: "
-                                       f"{done.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"ray start on node {i} ({ns}) failed {START_ATTEMPTS} times, last: "
+                           f"{done.stderr.strip()[-2000:]}")
 
     def popen(self, argv: Sequence[str], node: int = 0, env_extra: dict[str, str] | None = None,
               **kwargs) -> subprocess.Popen:
@@ -195,8 +210,7 @@ class Testbed:
         return int((stats / "rx_bytes").read_text()), int((stats / "tx_bytes").read_text())
 
     def __exit__(self, *exc: object) -> None:
-        for ns in reversed(self._built):
-            self._kill(ns)
+        self._kill(*self._built)
         for ns in reversed(self._built):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._built.clear()
@@ -216,17 +230,17 @@ class Testbed:
         done = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
         return [int(p) for p in done.stdout.split()]
 
-    def _kill(self, ns: str, grace_s: float = 5.0) -> None:
-        """End every process in ``ns`` (only those: they are this testbed's), politely first."""
+    def _kill(self, *namespaces: str, grace_s: float = 5.0) -> None:
+        """End every process in ``namespaces`` (only those: they are this testbed's), politely first; all the
+        namespaces at once, so that their processes' exits overlap."""
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            pids = self.pids(ns)
-            for pid in pids:
+            for pid in (pid for ns in namespaces for pid in self.pids(ns)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + wait_s
-            while self.pids(ns) and time.monotonic() < deadline:
+            while any(self.pids(ns) for ns in namespaces) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if not self.pids(ns):
+            if not any(self.pids(ns) for ns in namespaces):
                 return
 
 
