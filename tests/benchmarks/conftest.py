@@ -19,8 +19,21 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _module(name: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", name, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+    """``python -m name *args``; past ``timeout`` it gets SIGTERM, on which a testbed removes what it built (a
+    SIGKILL, subprocess.run's way, would leave its namespaces and Ray nodes running), then fails the test."""
+    proc = subprocess.Popen([sys.executable, "-m", name, *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"python -m {name} took more than {timeout} s; its stderr ends: {err[-4000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="session")
