@@ -11,7 +11,8 @@ process or a learner in the middle of a publish, removes a worker node and adds 
 database (or writes garbage over it and its WAL) while the stores run, then SIGKILLs the catalog, and takes the
 durable tier (a real S3-compatible server, moto on loopback, behind a switchable proxy: ``s3gate.py``) down,
 hanging or answering every request with an error for 2 to 6 s, and fills the stores' spill disk (a tmpfs of
---spill-mib mounted for the run; the fault is skipped without root) from another writer for 2 to 6 s. Learners
+--spill-mib mounted for the run; the fault is skipped without root) from another writer for 2 to 6 s (both 1 to 2 s
+with --quick, which injects at least 4 faults in a 3 s warm-up and 15 s of traffic). Learners
 delete through both paths: the store's ``delete`` and the catalog actor's own (as any driver can call it).
 
 Rows: one per fault kind (how many were injected, recovery time p50/p99/max in seconds) and one summary row:
@@ -390,7 +391,7 @@ class Chaos:
             self._cycle_node(self.rng.randrange(1, self.args.nodes))
         elif kind in DURABLE_FAULTS:
             self.s3.set(DURABLE_FAULTS[kind])
-            time.sleep(self.rng.uniform(2, 6))
+            time.sleep(self.rng.uniform(*self.args.fault_hold_s))
             self.s3.set("up")
             self.faults.append(Fault(kind, now, DURABLE_FAULTS[kind], back_t=time.time()))
         elif kind == "catalog_db_loss":
@@ -414,14 +415,14 @@ class Chaos:
             self.faults.append(Fault("catalog_db_loss", time.time(), "garbage" if garbage else "deleted"))
 
     def _fill_disk(self, now: float) -> None:
-        """Another writer takes every free byte of the spill disk for 2 to 6 s, then frees it."""
+        """Another writer takes every free byte of the spill disk for 2 to 6 s (--quick: 1 to 2), then frees it."""
         filler = self.disk / "filler"
         chunk = b"\0" * (4 * MiB)
         with contextlib.suppress(OSError), open(filler, "wb") as f:
             while True:
                 f.write(chunk)
                 f.flush()
-        time.sleep(self.rng.uniform(2, 6))
+        time.sleep(self.rng.uniform(*self.args.fault_hold_s))
         filler.unlink(missing_ok=True)
         self.faults.append(Fault("disk_full", now, "spill disk", back_t=time.time()))
 
@@ -676,10 +677,11 @@ def main() -> None:
     parser.add_argument("--store-mib", type=int, default=256, help="object store per node")
     parser.add_argument("--spill-mib", type=int, default=512, help="the spill disk (a tmpfs) every node shares")
     args = parser.parse_args()
-    if args.quick:
-        args.minutes, args.procs, args.fault_every_s, args.read_gap_ms = 0.25, 2, 2.5, 250.0
+    args.warmup_s, args.fault_hold_s = 5.0, (2.0, 6.0)  # the durable tier's and the spill disk's faults last
+    if args.quick:  # every fault lands while the learners and readers still run: 4 of them in about 11 s
+        args.minutes, args.procs, args.fault_every_s, args.read_gap_ms = 0.25, 2, 1.2, 250.0
         args.min_faults = max(args.min_faults, 4)
-    args.warmup_s = 5.0
+        args.warmup_s, args.fault_hold_s = 3.0, (1.0, 2.0)
     harness.setup_logging(args.verbose)
     # Ray workers import this code as the driver does (the nodes' processes inherit the environment)
     root = str(Path(__file__).resolve().parents[1])
