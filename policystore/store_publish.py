@@ -1,10 +1,6 @@
 """A node store's publishes: a packed snapshot (by value, or in a publisher's staging file) copied once into the
 object store and committed in the catalog; a durable one is reserved, written to disk (and the durable tier) and
 then committed, so a store killed anywhere before the commit leaves it complete or absent.
-
-A non-durable publish runs its two slow steps at once: the copy into the object store here and the catalog's
-commit (a call to another actor). A copy that fails after the commit withdraws the version, as a durable publish
-that fails after its commit does.
 """
 
 from __future__ import annotations
@@ -15,7 +11,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from contextlib import ExitStack, contextmanager
 
@@ -60,9 +55,6 @@ class Publisher:
         # copy of it; a get of that version waits for the publish instead of looking elsewhere.
         self._publishing: Counter[str] = Counter()
         self._landed = threading.Condition(state.lock)
-        # the catalog commits of non-durable publishes, each beside its copy into the object store (one thread per
-        # publish in flight, as many as the store runs calls)
-        self._commits = ThreadPoolExecutor(state.config.max_concurrency, thread_name_prefix="policystore-commit")
 
     def publish(self, policy_id: str, buf: np.ndarray, durable: bool = False) -> SnapshotId:
         """Publish a packed snapshot passed by value (a publisher on another node, or without /dev/shm)."""
@@ -151,16 +143,11 @@ class Publisher:
                 if self.state.durable is not None:
                     self.state.holders.gained(sid, DURABLE)
             else:
+                ref = ray.put(shareable(buf))
                 landing.enter_context(self._landing(policy_id))
                 token = uuid.uuid4().hex  # the catalog answers a repeated call with the version this one was given
-                committed = self._commits.submit(self.state.on_catalog, "publish", policy_id, self.state.node_id,
-                                                 Summary.of(header, False), token)
-                try:
-                    ref = ray.put(shareable(buf))
-                except BaseException:
-                    self._abandon(committed, entry)
-                    raise
-                sid = committed.result().id
+                sid = self.state.on_catalog("publish", policy_id, self.state.node_id, Summary.of(header, False),
+                                            token).id
                 self.follower.saw(*sid)
             with self.state.lock:
                 self.state.policies.setdefault(policy_id, {})[sid.version] = entry
@@ -172,16 +159,6 @@ class Publisher:
                     entry.pending = self.tiers.writer.submit(self.tiers.spill, sid, entry, ref)
         self.tiers.evict(protect=sid)
         return sid
-
-    def _abandon(self, committed: Future, entry: Entry) -> None:
-        """After a non-durable publish's copy failed: once its commit is answered, withdraw the version (a commit
-        that failed committed nothing)."""
-        try:
-            sid = committed.result().id
-        except Exception:
-            return
-        self.follower.saw(*sid)
-        self._withdraw(sid, entry)
 
     def _withdraw(self, sid: SnapshotId, entry: Entry) -> None:
         """After a durable publish failed: take the version back in the catalog (aborted, or deleted if it was

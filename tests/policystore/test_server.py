@@ -415,31 +415,6 @@ def test_bad_weights_and_oversized_snapshots_lose_nothing(make_store):
     assert store.verify("keep").hot is True
 
 
-def test_a_publish_whose_copy_fails_after_its_commit_is_taken_back(make_store):
-    """A non-durable publish copies into the object store while the catalog commits: a copy that fails leaves no
-    version listed (the commit is withdrawn), and the version it got is never handed out again."""
-    store = make_store()
-    assert store.publish("p", weights_of_mib(1)).version == 1
-
-    def fail_the_next_copy(server) -> None:
-        import policystore.store_publish as publishing
-
-        shareable = publishing.shareable
-
-        def fails_once(buf):
-            publishing.shareable = shareable
-            raise RuntimeError("the object store refused the copy")
-
-        publishing.shareable = fails_once
-
-    ray.get(store_actor().__ray_call__.remote(fail_the_next_copy))
-    with pytest.raises(ray.exceptions.RayTaskError, match="the object store refused the copy"):
-        store.publish("p", weights_of_mib(1, seed=1))
-    assert [i.id.version for i in store.list("p")] == [1]
-    assert store.get("p").id.version == 1
-    assert store.publish("p", weights_of_mib(1, seed=2)).version == 3  # version 2 was handed out, then withdrawn
-
-
 def test_disk_quota_refuses_publish_and_keeps_what_is_stored(make_store):
     store = make_store(disk_capacity_bytes=int(2.5 * MiB))
     store.publish("a", weights_of_mib(1), durable=True)
