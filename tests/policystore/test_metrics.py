@@ -22,9 +22,18 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def metrics_port():
-    port = _free_port()
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="warning",
-             _metrics_export_port=port, _system_config={"metrics_report_interval_ms": 1000})
+    # a port found free may be taken (by the other test worker's Ray) before this Ray binds it: then its node never
+    # comes up, and a second try with another port does
+    for attempt in range(2):
+        port = _free_port()
+        try:
+            ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="warning",
+                     _metrics_export_port=port, _system_config={"metrics_report_interval_ms": 1000})
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt:
+                raise
     yield port
     ray.shutdown()
 
