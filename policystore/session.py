@@ -191,6 +191,16 @@ def current_session(league: str) -> Session:
         return session
 
 
+def close_all() -> None:
+    """End this process's state of every league: followers stopped, its staging file removed. For a process that
+    ends without the interpreter's exit handlers (``os._exit``), and for a driver ending its own Ray."""
+    with _session_lock:
+        sessions = list(_sessions.values())
+        _sessions.clear()
+    for session in sessions:
+        session.close()
+
+
 def clear_cache() -> None:
     """Drop this process's cached snapshots: the next get of each asks again (views already held stay valid)."""
     with _session_lock:

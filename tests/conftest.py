@@ -19,6 +19,8 @@ import pytest
 import ray
 import torch
 
+from policystore import session
+
 ROOT = Path(__file__).resolve().parents[1]
 # Ray workers inherit the driver's environment on a local cluster: let them import the project and test modules
 # (pytest imports each by its file name from its own folder, one folder per package under test).
@@ -42,6 +44,7 @@ def pytest_unconfigure(config):
     traceback), after Ray sessions had mapped and unmapped the object store many times in this one process. The
     exit status is the session's own; the cause in finalization is still to be found."""
     if _EXIT_STATUS in config.stash:
+        session.close_all()  # its staging file: os._exit skips the finalizer that would remove it
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(config.stash[_EXIT_STATUS])

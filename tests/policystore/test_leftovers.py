@@ -13,7 +13,7 @@ import ray
 
 import policystore
 from policystore import leftovers
-from policystore.config import StoreConfig
+from policystore.config import StoreConfig, staging_dir
 
 BASE = Path(StoreConfig.default_root("x")).parent
 
@@ -62,9 +62,12 @@ def test_a_store_start_sweeps_ended_sessions_and_keeps_its_own():
             time.sleep(0.2)
         assert not ended.exists()
         assert own.is_dir()  # this session's folder, in use
+        staged = list(staging_dir().glob(f"{os.getpid()}-*"))
+        assert staged  # this driver's staging file, kept from publish to publish
     finally:
         policystore.client.shutdown_all()
-        ray.shutdown()
+        leftovers.shutdown_ray()
+    assert not any(p.exists() for p in staged)  # a driver ending its Ray leaves no staging file behind
     deadline = time.monotonic() + 30  # the session ended with ray.shutdown: a sweep takes its folder
     while own.exists() and time.monotonic() < deadline:
         leftovers.sweep()
