@@ -19,9 +19,11 @@ readable whole (its content the one published) on every reader node, and no vers
 The counts that must be zero: reads_failed (the readers' loop during the cut), hung (calls that took longer than
 twice their deadline plus 2 s), unclear (a failure that is no PolicyStoreError, or a call that answered although
 cut off), lost (acknowledged, not listed), half_visible (listed, yet not readable whole and intact on every reader
-node), reused (a version number acknowledged twice), not_caught_up. Besides: reads_ok, failed_calls and errors
-(the cut-off calls, which must fail), fail_s (the slowest of them, against deadline_s), resumed_s (from the link's
-return until the learner's first publish committed again), acked, listed.
+node within 30 s of the links' return), reused (a version number acknowledged twice), not_caught_up. Besides:
+reads_ok, failed_calls and errors (the cut-off calls, which must fail), fail_s (the slowest of them, against
+deadline_s), resumed_s (from the link's return until the learner's first publish committed again), acked, listed,
+settle_retried (listed versions whose first read after the cut failed with a deadline and a later one succeeded: a
+connection that sent during a cut resumes at its next TCP retransmission, seconds after the link's return).
 
 Ray itself marks a node dead after its health checks fail for about 15 s by default (the raylet then exits and its
 store's copies with it), which ends any partition longer than that: the testbed raises Ray's health-check
@@ -51,6 +53,9 @@ from .netbed import Testbed, unavailable
 log = logging.getLogger("benchmarks.partition_net")
 CALL_TIMEOUT_S = 5.0
 HANG_S = 2 * CALL_TIMEOUT_S + 2  # a cut-off call slower than this counts as hung
+# After a cut, a connection that sent during it resumes at its next TCP retransmission, seconds after the link's
+# return: a settling read that fails with a deadline is asked again this long before it counts as half visible.
+SETTLE_S = 30.0
 SCENARIOS = ("node", "head", "learner")
 MUST_BE_ZERO = ("reads_failed", "hung", "unclear", "lost", "half_visible", "reused", "not_caught_up")
 
@@ -81,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         for row in bed.drive(inner, env_extra={"NETBED_NAMESPACES": ",".join(bed.namespaces)}):
             results.emit(row)
     out = results.finish(["scenario", "cut_s", *MUST_BE_ZERO, "reads_ok", "failed_calls", "errors", "fail_s",
-                          "deadline_s", "caught_up_s", "resumed_s", "acked", "listed", "ok", "loadavg_1m"],
+                          "deadline_s", "caught_up_s", "resumed_s", "acked", "listed", "settle_retried", "ok",
+                          "loadavg_1m"],
                          notes=[f"Must be zero: {', '.join(MUST_BE_ZERO)}."])
     print((out / "table.md").read_text(), file=sys.stderr)
 
@@ -229,12 +235,18 @@ SCENARIO = {"node": cut_node, "head": cut_head, "learner": cut_learner}
 
 
 def settle(on: list, acked: list[int]) -> dict[str, Any]:
-    """With every link up: every acknowledged version listed, every listed one readable whole on the reader nodes,
-    no version acknowledged twice."""
+    """With every link up: every acknowledged version listed, every listed one readable whole on the reader nodes
+    within SETTLE_S (a read that first failed with a deadline or an unreachable actor and then succeeded counts in
+    ``settle_retried``), no version acknowledged twice."""
     listed = ask(on[0], "versions")
-    bad = {v: why for p in on[2:] for v, why in ask(p, "unreadable", listed).items()}
+    bad, retried = {}, {}
+    for p in on[2:]:
+        node_bad, node_retried = ask(p, "unreadable", listed, SETTLE_S)
+        bad.update(node_bad)
+        retried.update(node_retried)
     return {"acked": len(acked), "listed": len(listed), "reused": len(acked) - len(set(acked)),
-            "lost": len(set(acked) - set(listed)), "half_visible": len(bad), "unreadable": bad}
+            "lost": len(set(acked) - set(listed)), "half_visible": len(bad), "unreadable": bad,
+            "settle_retried": len(retried), "retried": retried}
 
 
 @ray.remote(num_cpus=0.01)
@@ -365,18 +377,34 @@ class Player:
     def versions(self) -> list[int]:
         return [row.id.version for row in self.store.list("league")]
 
-    def unreadable(self, versions: list[int]) -> dict[int, str]:
-        """The versions this node cannot read whole and intact (should be none), and why."""
-        bad = {}
-        for v in versions:
-            try:
-                snap = self.store.get("league", v)
-                if snap.id.version != v or not self._whole(snap):
-                    bad[v] = f"read {snap.id}, content {snap.meta}"
-            except Exception as exc:
-                bad[v] = f"{type(exc).__name__}: {exc}"[:300]
-        return bad
+    def unreadable(self, versions: list[int], within_s: float) -> tuple[dict[int, str], dict[int, str]]:
+        """The versions this node cannot read whole and intact (should be none), and why; and those whose read
+        failed with an error that may pass (a deadline, an actor not reachable yet) and succeeded when asked again
+        within ``within_s`` (the error, and how long until it was read)."""
+        from policystore import DeadlineExceededError, StoreUnavailableError
 
+        bad, retried = {}, {}
+        end = time.monotonic() + within_s
+        for v in versions:
+            first, start = None, time.monotonic()
+            while True:
+                try:
+                    snap = self.store.get("league", v)
+                    if snap.id.version != v or not self._whole(snap):
+                        bad[v] = f"read {snap.id}, content {snap.meta}"
+                    elif first is not None:
+                        retried[v] = f"{first}; read after {time.monotonic() - start:.1f} s"
+                    break
+                except (DeadlineExceededError, StoreUnavailableError) as exc:
+                    first = first or f"{type(exc).__name__}: {exc}"[:300]
+                    if time.monotonic() > end:
+                        bad[v] = first
+                        break
+                    time.sleep(0.5)
+                except Exception as exc:
+                    bad[v] = f"{type(exc).__name__}: {exc}"[:300]
+                    break
+        return bad, retried
 
 if __name__ == "__main__":
     main()
