@@ -8,10 +8,13 @@ steps per CPU-second of this process (CPU time, not wall time, so that other job
 * ``batched``: the league's env for the game (``--games`` envs as one ``VecGame``) stepped with random legal moves,
   one numpy draw per batch;
 * ``rollout``: the same batch played the way a rollout worker plays a self-play match (``workers.play.play``:
-  observations, one batched forward pass of the league's net per move, both sides' moves recorded, GAE at the end).
+  observations, one batched forward pass of the league's net per move, both sides' moves recorded, GAE at the end);
+* ``net``: the league's net choosing moves (``league.model.act``: forward pass and sampling) for full batches of
+  the game's observations, nothing else.
 
-The three alternate for ``--repeats`` rounds of ``--seconds`` each; the row holds the medians and
-``rollout_x_native`` / ``rollout_x_batched`` (the goal: at least 0.5).
+They alternate for ``--repeats`` rounds of ``--seconds`` each; the row holds the medians, ``rollout_x_native`` /
+``rollout_x_batched`` (the goal: at least 0.5), and ``floor_x_native``: the most a rollout could reach with this env
+and this net if recording the moves cost nothing, ``1 / (1 / batched + 1 / net)`` against native.
 
 Games: tic-tac-toe, Leduc poker and Connect Four through the OpenSpiel path (``openspiel:<name>``), and the built-in
 vectorized Connect Four (``connect4``) for comparison.
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 
 from policystore.league.games import get_game
+from policystore.league.model import act
 from policystore.trainer.config import TrainConfig
 from policystore.workers.play import net_policy, play
 
@@ -38,8 +42,8 @@ from . import harness
 
 GAMES = ("openspiel:tic_tac_toe", "openspiel:leduc_poker", "openspiel:connect_four", "connect4")
 OPENSPIEL = "openspiel:"
-COLUMNS = ["game", "games", "hidden", "native_steps_per_s", "batched_steps_per_s", "rollout_steps_per_s",
-           "rollout_x_native", "rollout_x_batched", "loadavg_1m"]
+COLUMNS = ["game", "games", "hidden", "native_steps_per_s", "batched_steps_per_s", "net_steps_per_s",
+           "rollout_steps_per_s", "rollout_x_native", "rollout_x_batched", "floor_x_native", "loadavg_1m"]
 
 
 def native_rate(name: str, seconds: float) -> float:
@@ -91,23 +95,42 @@ def rollout_rate(env: Any, net: torch.nn.Module, seconds: float) -> float:
             return steps / elapsed
 
 
+def net_rate(env: Any, net: torch.nn.Module, seconds: float) -> float:
+    """Env steps per CPU-second of the net alone choosing moves for the whole batch (the first position's
+    observations, all moves legal): what a rollout pays per move beyond stepping the env."""
+    env.reset()
+    ids = np.arange(env.num_envs)
+    planes, legal = env.planes(ids), np.ones((env.num_envs, env.num_actions), dtype=bool)
+    generator = torch.Generator().manual_seed(0)
+    steps, start = 0, time.process_time()
+    while True:
+        act(net, planes, legal, generator)
+        steps += env.num_envs
+        elapsed = time.process_time() - start
+        if elapsed >= seconds:
+            return steps / elapsed
+
+
 def measure(name: str, games: int, seconds: float, repeats: int, hidden: int) -> dict[str, Any]:
     game = get_game(name)
     env, net = game.make(games), game.net(hidden)
     rng = np.random.default_rng(0)
     rollout_rate(env, net, 0.0)  # warm up: torch's first forward, the trajectory buffers' pages
-    rates: dict[str, list[float]] = {"native": [], "batched": [], "rollout": []}
+    rates: dict[str, list[float]] = {"native": [], "batched": [], "net": [], "rollout": []}
     for _ in range(repeats):
         batched = batched_rate(env, rng, seconds)
         rates["batched"].append(batched)
         rates["native"].append(native_rate(name[len(OPENSPIEL):], seconds) if name.startswith(OPENSPIEL)
                                else batched)
+        rates["net"].append(net_rate(env, net, seconds))
         rates["rollout"].append(rollout_rate(env, net, seconds))
     median = {k: float(np.median(v)) for k, v in rates.items()}
+    floor = 1.0 / (1.0 / median["batched"] + 1.0 / median["net"])
     return {"game": name, "games": games, "hidden": hidden, "seconds": seconds, "repeats": repeats,
             **{f"{k}_steps_per_s": round(v) for k, v in median.items()},
             "rollout_x_native": round(median["rollout"] / median["native"], 3),
-            "rollout_x_batched": round(median["rollout"] / median["batched"], 3)}
+            "rollout_x_batched": round(median["rollout"] / median["batched"], 3),
+            "floor_x_native": round(floor / median["native"], 3)}
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

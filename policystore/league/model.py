@@ -46,12 +46,21 @@ def act(net: nn.Module, planes: np.ndarray, legal: np.ndarray, generator: torch.
     Only reads ``net``'s weights. A caller whose net is built on a store's guarded views runs this inside the
     store's read-only fast path (``workers.play`` does), which saves the guard's per-op dispatch (about 100 µs per
     forward of this net; see benchmarks/league_throughput): the rules here know nothing of the store.
+
+    After the forward pass the distribution is sampled in numpy by inverting its cumulative sum with one uniform
+    draw per row (from ``generator``): a third of the cost of torch's ``log_softmax`` + ``multinomial`` at these
+    sizes (rows of a few actions), which rollouts pay once per move of every game.
     """
     logits, value = net(torch.from_numpy(planes))
-    logits = masked_logits(logits, torch.from_numpy(legal))
-    logp = torch.log_softmax(logits, dim=-1)
+    z = np.where(legal, logits.numpy(), np.float32(MASKED_LOGIT))
+    z -= z.max(axis=-1, keepdims=True)
+    cdf = np.exp(z).cumsum(axis=-1)  # illegal columns add exactly 0: exp(-1e9) underflows
+    total = cdf[:, -1]
     if greedy:
-        actions = logits.argmax(dim=-1)
+        actions = z.argmax(axis=-1)
     else:
-        actions = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-    return actions.numpy(), logp.gather(-1, actions[:, None]).squeeze(-1).numpy(), value.numpy()
+        # u in (0, total]: the first column whose cumulative sum reaches u has a positive probability
+        u = (1.0 - torch.rand(z.shape[0], generator=generator).numpy()) * total
+        actions = (cdf < u[:, None]).sum(axis=-1)
+    logp = z[np.arange(z.shape[0]), actions] - np.log(total)
+    return actions, logp, value.numpy()

@@ -132,46 +132,63 @@ def play(env: VecGame, policies: tuple[Policy, Policy], record: tuple[bool, bool
 
     ``opening`` plays the games' first moves after the reset (a random opening, ``Game.opening``); the policies
     take over from there, and the opening's moves are neither recorded nor counted in ``steps``.
+
+    One policy on both sides (self-play) moves every running game in one call per step, with no per-side split:
+    the per-step numpy work is a handful of calls whatever the batch, which matters when the env itself is fast.
     """
     n = env.num_envs
     env.reset()
     if opening is not None:
         opening(env)
     opened = env.moves.copy()
-    seat0 = np.where(np.arange(n) % 2 == 0, 1, 2).astype(np.int8)  # side 0's player number per game
-    recorders = [Trajectories(n, env.plane_shape, env.num_actions, env.max_moves, env.obs_dtype) if r else None
-                 for r in record]
+    seat1 = np.where(np.arange(n) % 2 == 0, 2, 1).astype(np.int8)  # side 1's player number per game
+    both = record[0] and record[1]
+    # One recorder: game i's row is i, or with both sides recorded, 2 * i + side (each side's moves in order).
+    rec = Trajectories(2 * n if both else n, env.plane_shape, env.num_actions, env.max_moves, env.obs_dtype) \
+        if record[0] or record[1] else None
     same = policies[0] is policies[1]
     while True:
         ids = np.flatnonzero(~env.done)
         if ids.size == 0:
             break
-        to_move = env.to_move[ids]
-        planes = env.planes(ids)
-        legal = env.legal_mask(ids)
-        side0 = to_move == seat0[ids]
-        actions = np.empty(ids.size, dtype=np.int64)
-        groups = [np.ones(ids.size, dtype=bool)] if same else [side0, ~side0]
-        for side, sel in enumerate(groups):
-            if not sel.any():
-                continue
-            seen, seen_legal = planes[sel], legal[sel]
-            flip = np.zeros(seen.shape[0], dtype=bool)
-            if mirror_rng is not None and (same or record[side]):
-                flip = mirror_rng.random(flip.size) < 0.5
-                seen, seen_legal = mirror(seen, seen_legal, flip)
-            a, logp, values = policies[side](env, ids[sel], seen, seen_legal)
-            actions[sel] = np.where(flip, env.num_actions - 1 - a, a)
-            for s, rec in enumerate(recorders):
-                if rec is None:
-                    continue
-                mine = (side0 if s == 0 else ~side0)[sel]
-                if mine.any():
-                    rec.add(ids[sel][mine], seen[mine], seen_legal[mine], a[mine], logp[mine], values[mine])
+        planes, legal = env.planes(ids), env.legal_mask(ids)
+        side1 = env.to_move[ids] == seat1[ids]
+        if same:
+            actions = _turn(policies[0], env, ids, planes, legal, side1, slice(None), mirror_rng, rec, record)
+        else:
+            actions = np.empty(ids.size, dtype=np.int64)
+            for side, sel in enumerate((~side1, side1)):
+                if sel.any():
+                    actions[sel] = _turn(policies[side], env, ids, planes, legal, side1, sel,
+                                         mirror_rng if record[side] else None, rec, record)
         env.step(actions, ids)
-    reward0 = np.where(seat0 == 1, env.returns, -env.returns) / env.max_return  # side 0's return, in [-1, 1]
-    batches = [rec.finish(reward0 if s == 0 else -reward0, gamma, lam)
-               for s, rec in enumerate(recorders) if rec is not None]
-    batch = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]} if batches else None
+    reward0 = np.where(seat1 == 2, env.returns, -env.returns) / env.max_return  # side 0's return, in [-1, 1]
+    batch = None
+    if rec is not None:
+        final = np.stack([reward0, -reward0], axis=1).reshape(-1) if both else reward0 if record[0] else -reward0
+        batch = rec.finish(final, gamma, lam)
     return Outcome(int((reward0 > 0).sum()), int((reward0 == 0).sum()), int((reward0 < 0).sum()),
                    int((env.moves - opened).sum()), float((1.0 + reward0).sum() / 2), batch)
+
+
+def _turn(policy: Policy, env: VecGame, ids: np.ndarray, planes: np.ndarray, legal: np.ndarray, side1: np.ndarray,
+          sel: np.ndarray | slice, mirror_rng: np.random.Generator | None, rec: Trajectories | None,
+          record: tuple[bool, bool]) -> np.ndarray:
+    """``policy``'s moves in the games ``ids[sel]`` (``side1``: side 1 is to move), each recorded if its side is;
+    returns the moves for the env (mirrored back where the policy saw the mirror)."""
+    ids, planes, legal, side1 = ids[sel], planes[sel], legal[sel], side1[sel]
+    flip = None
+    if mirror_rng is not None:
+        flip = mirror_rng.random(ids.size) < 0.5
+        planes, legal = mirror(planes, legal, flip)
+    a, logp, values = policy(env, ids, planes, legal)
+    if rec is not None:
+        if record[0] and record[1]:
+            rec.add(2 * ids + side1, planes, legal, a, logp, values)
+        else:
+            mine = side1 if record[1] else ~side1
+            if mine.all():
+                rec.add(ids, planes, legal, a, logp, values)
+            elif mine.any():
+                rec.add(ids[mine], planes[mine], legal[mine], a[mine], logp[mine], values[mine])
+    return a if flip is None else np.where(flip, env.num_actions - 1 - a, a)

@@ -33,8 +33,8 @@ EXPECTED = {
     "worker_memory": ["snapshot_mib", "snapshots", "pushed_kib_per_snapshot", "first_load_kib", "kib_per_module",
                       "kib_per_module_beyond_weights", "loadavg_1m"],
     "soak": ["ops", "loadavg_1m"],
-    "game_speed": ["games", "native_steps_per_s", "batched_steps_per_s", "rollout_steps_per_s", "rollout_x_native",
-                   "rollout_x_batched", "loadavg_1m"],
+    "game_speed": ["games", "native_steps_per_s", "batched_steps_per_s", "net_steps_per_s", "rollout_steps_per_s",
+                   "rollout_x_native", "rollout_x_batched", "floor_x_native", "loadavg_1m"],
 }
 ROW_KEYS = {  # per row type (spill_restore's "row", league_throughput's "bench")
     "ratio": ["lz4_ratio"],

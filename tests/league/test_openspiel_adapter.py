@@ -87,3 +87,34 @@ def test_kuhn_matches_train_a_learner_on_chip_returns():
     assert set(np.round(np.abs(out.batch["returns"][out.batch["returns"] != 0]), 2)) >= {0.5}  # one chip: 0.5
     stats = PPO(net, PPOConfig(batch=out.steps, minibatch=64, epochs=1), torch.device("cpu")).update(out.batch)
     assert np.isfinite(stats["pg_loss"])
+
+
+@pytest.mark.parametrize("name", ["tic_tac_toe", "connect_four", "leduc_poker"])
+def test_every_steps_batched_observations_and_masks_are_openspiels_own(name):
+    """The batch arrays gathered after each step (one buffer per game, masks joined in one go) hold, for every
+    running game, OpenSpiel's tensor and legal-action mask for its mover; finished games have no legal move."""
+    game = get_game(f"openspiel:{name}")
+    tensor = "observation_tensor" if game.perfect_information else "information_state_tensor"
+    env, rng = game.make(16), np.random.default_rng(0)
+    for _ in range(env.max_moves + 1):
+        ids = np.flatnonzero(~env.done)
+        if ids.size == 0:
+            break
+        planes, legal = env.planes(ids), env.legal_mask(ids)
+        for k, i in enumerate(ids.tolist()):
+            state = env.states[i]
+            mover = state.current_player()
+            assert env.to_move[i] == mover + 1
+            assert planes[k].ravel().tolist() == getattr(state, tensor)(mover)
+            assert legal[k].tolist() == [bool(m) for m in state.legal_actions_mask(mover)]
+        env.step(np.array([rng.choice(np.flatnonzero(row)) for row in legal]), ids)
+    assert env.done.all() and not env.legal_mask().any()
+
+
+def test_a_seed_deals_the_same_cards_and_another_seed_other_cards():
+    def deals(seed):
+        env = OpenSpielVec(pyspiel.load_game("leduc_poker"), 32, seed=seed)
+        random_games(env, np.random.default_rng(0))
+        return [state.history() for state in env.states]
+
+    assert deals(5) == deals(5) != deals(6)

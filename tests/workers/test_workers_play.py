@@ -38,6 +38,18 @@ def test_self_play_records_both_sides_and_is_zero_sum():
     assert abs(out.batch["returns"].sum() - (env.winner == 1).sum()) < 1e-3
 
 
+def test_two_policies_both_recorded_or_one_policy_recording_one_side_keep_exactly_those_moves():
+    env = VecConnectFour(32)
+    a, b = (net_policy(PolicyNet(16), torch.Generator().manual_seed(s)) for s in (3, 4))
+    out = play(env, (a, b), record=(True, True), gamma=1.0, lam=1.0)
+    assert len(out.batch["actions"]) == out.steps
+    assert abs(out.batch["returns"].sum() - (env.winner == 1).sum()) < 1e-3
+    out = play(env, (a, a), record=(False, True), gamma=1.0, lam=1.0)  # self-play, only side 1's moves kept
+    first = np.arange(32) % 2 == 0                                      # side 1 moves second in even games
+    assert len(out.batch["actions"]) == np.where(first, env.moves // 2, (env.moves + 1) // 2).sum()
+    assert set(np.round(out.batch["returns"], 5).tolist()) <= {-1.0, 0.0, 1.0}
+
+
 def test_games_after_an_opening_record_and_count_only_the_policies_moves():
     env = VecConnectFour(64)
     lengths = np.where(np.arange(64) < 32, 0, 9)   # half the games start after 9 random moves
