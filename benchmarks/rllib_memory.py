@@ -54,6 +54,7 @@ Rows (``what`` says which is which; PSS and USS in MiB):
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import sys
@@ -79,7 +80,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rllib", "rllib+store", "none")
 COLUMNS = ["job", "mode", "env_runners", "frozen", "iteration", "what", "process", "pss_mib", "uss_mib",
            "copies_per_node", "live_mib", "anon_mib", "copies_live", "copies_heap", "control_copies_live",
-           "league_copies", "league_copies_heap", "held", "module_mib", "loadavg_1m"]
+           "league_copies", "league_copies_heap", "copies_heap_warm", "league_copies_heap_warm", "held", "module_mib",
+           "loadavg_1m"]
 JOBS = ("freeze", "train", "churn")
 
 
@@ -198,10 +200,23 @@ def actor_pid(name: str) -> int | None:
     return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
 
 
-def settle(algorithm: Any) -> None:
-    """A GC in every EnvRunner and here, then a short wait for frees and page accounting."""
-    algorithm.env_runner_group.foreach_env_runner(lambda runner: gc.collect(), local_env_runner=False)
+def settle(algorithm: Any, stock: bool) -> None:
+    """A GC and a heap trim (glibc's ``malloc_trim``) in every EnvRunner, the store's actors and here, then a short
+    wait for frees and page accounting: the heap is then what the process uses, not what glibc keeps of what it
+    freed (after a ``train()`` the driver held up to 18 MiB of freed heap, each other process a few MiB, and it
+    moved between readings). Linux with glibc only, as the rest of the benchmark (smaps)."""
+    import ray
+
+    from policystore.remote import NAMESPACE
+
+    # Lambdas that name only modules: a function of this module would make every process import the benchmark.
+    algorithm.env_runner_group.foreach_env_runner(lambda runner: (gc.collect(), ctypes.CDLL(None).malloc_trim(0)),
+                                                  local_env_runner=False)
+    for _, name in () if stock else store_actors(algorithm):
+        actor = ray.get_actor(name, namespace=NAMESPACE)
+        ray.get(actor.__ray_call__.remote(lambda self: (gc.collect(), ctypes.CDLL(None).malloc_trim(0))))
     gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
     time.sleep(0.5)
 
 
@@ -243,11 +258,13 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
     try:
         algorithm.train()
         size = module_mib(algorithm)
-        settle(algorithm)
+        settle(algorithm, stock)
         runners = env_runner_pids(algorithm)
         roles = process_roles(algorithm, stock)
         base_node, base_runners, base_roles = pss_uss(session_pids()), pss_uss(runners), by_process(roles)
         base_live = live_parts()
+        if job != "freeze":
+            warm_anon = warm_up(results, algorithm, job, mode, env_runners, size, roles, base_roles)
         have: list[str] = []
         for k, iteration in readings(job, frozen, cap, iterations):
             while len(have) < k or algorithm.iteration < iteration:
@@ -266,7 +283,7 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
             algorithm.env_runner_group.foreach_env_runner(
                 lambda runner, n=k + 1: runner.sample(num_episodes=n), local_env_runner=False
             )
-            settle(algorithm)
+            settle(algorithm, stock)
             point = {"job": job, "mode": mode, "env_runners": env_runners, "frozen": k, "module_mib": round(size, 3),
                      "iteration": algorithm.iteration}
             node = pss_uss(session_pids())
@@ -276,9 +293,11 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
                           "copies_per_node": round(node_pss / (k * size), 2)})
             anon, file, objects = ((a - b) / MiB for a, b in zip(live_parts(), base_live, strict=True))
             live = anon + file + objects
+            warm = {} if job == "freeze" else {"copies_heap_warm": round((anon - warm_anon + objects) / (k * size), 2)}
             results.emit({**point, "what": "node_live", "live_mib": round(live, 1), "anon_mib": round(anon, 1),
                           "copies_live": round(live / (k * size), 2),
-                          "copies_heap": round((anon + objects) / (k * size), 2), "held": held(algorithm, stock)})
+                          "copies_heap": round((anon + objects) / (k * size), 2), **warm,
+                          "held": held(algorithm, stock)})
             now = pss_uss(runners)
             results.emit({**point, "what": "env_runner",
                           "pss_mib": round((now[0] - base_runners[0]) / MiB / env_runners, 1),
@@ -294,6 +313,34 @@ def measure(results: Results, job: str, mode: str, env_runners: int, frozen: lis
                 emit_actors(results, point, algorithm)
     finally:
         algorithm.stop()
+
+
+def warm_up(results: Results, algorithm: Any, job: str, mode: str, env_runners: int, size: float,
+            roles: dict[str, int], base_roles: dict[str, tuple[int, int, int, int]]) -> float:
+    """One iteration that freezes an opponent, plays it and removes it (``none``: the iteration alone), so that every
+    process has paid what it pays once (the store client and its thread in each EnvRunner, the store's first publish
+    and delete, imports, RLlib's first module added and removed). Emits that fixed cost process by process (``fixed``
+    rows: heap deltas over the baseline) and returns the session's heap delta it adds up to (MiB)."""
+    from examples.rllib_cartpole_league import first_mapping, freeze, round_robin_mapping, unfreeze
+
+    stock = mode != "rllib+store"
+    if mode != "none":
+        freeze(algorithm, "warm_up", round_robin_mapping(["warm_up"]), stock=stock)
+    algorithm.train()
+    algorithm.env_runner_group.foreach_env_runner(lambda runner: runner.sample(num_episodes=2),
+                                                  local_env_runner=False)
+    if mode != "none":
+        unfreeze(algorithm, "warm_up", first_mapping, stock=stock)
+    settle(algorithm, stock)
+    point = {"job": job, "mode": mode, "env_runners": env_runners, "frozen": 0, "module_mib": round(size, 3),
+             "iteration": algorithm.iteration, "what": "fixed"}
+    total = 0.0
+    for role, now_role in by_process(roles).items():
+        anon = (now_role[3] - base_roles.get(role, (0, 0, 0, 0))[3]) / MiB
+        total += anon
+        results.emit({**point, "process": role, "anon_mib": round(anon, 1)})
+    results.emit({**point, "process": "total", "anon_mib": round(total, 1)})
+    return total
 
 
 def emit_actors(results: Results, point: dict[str, Any], algorithm: Any) -> None:
@@ -318,8 +365,16 @@ def league_copies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "what": "summary", "copies_live": row["copies_live"], "copies_heap": row["copies_heap"],
                         "control_copies_live": control["copies_live"],
                         "league_copies": round(row["copies_live"] - control["copies_live"], 2),
-                        "league_copies_heap": round(row["copies_heap"] - control["copies_heap"], 2)})
+                        "league_copies_heap": round(row["copies_heap"] - control["copies_heap"], 2),
+                        **warm_share(row, control)})
     return out
+
+
+def warm_share(row: dict[str, Any], control: dict[str, Any]) -> dict[str, Any]:
+    """``league_copies_heap_warm``: the league's share of ``copies_heap`` with the fixed cost apart (train, churn)."""
+    if "copies_heap_warm" not in row or "copies_heap_warm" not in control:
+        return {}
+    return {"league_copies_heap_warm": round(row["copies_heap_warm"] - control["copies_heap_warm"], 2)}
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
