@@ -17,7 +17,10 @@ every EnvRunner, the freshly frozen copy is played in that iteration); ``--job c
 ``--cap`` opponents that freezes one, drops the oldest and trains, every iteration, read every 10th. Mode ``none``
 is the control: the same job on stock RLlib with nothing frozen (agent 1 plays ``main_v0``), i.e. RLlib's and Ray's
 own growth over the same iterations. ``--learners 1`` puts the Learner in its own process (RLlib's default here, 0,
-keeps it in the driver).
+keeps it in the driver). Train and churn jobs warm up after the baseline: one iteration that freezes an opponent,
+plays it and removes it (``none``: the iteration alone), so every process has paid what it pays once. Every reading
+(and the baseline) comes after ``gc.collect()`` and glibc's ``malloc_trim(0)`` in each Python process of the job
+(driver, EnvRunners, store and catalog actors): heap in use, not freed heap glibc keeps.
 
 Rows (``what`` says which is which; PSS and USS in MiB):
 
@@ -44,12 +47,17 @@ Rows (``what`` says which is which; PSS and USS in MiB):
   reading: a process's file PSS (shared library code) moves whenever another process of the session maps or
   unmaps the same files, though the node's sum does not. USS also counts object-store pages that only this
   process has touched (a freed object's pages it wrote or read alone), which are neither heap nor live.
+- ``fixed`` (train, churn): what the warm-up added to each process's heap (``anon_mib``, MiB; ``total``: their
+  sum): the fixed cost of a league (the store client and its thread in every EnvRunner, the store's first publish
+  and delete, RLlib's first module added and removed), paid once whatever K and the number of removed opponents.
+  ``node_live``'s ``copies_heap_warm`` is ``copies_heap`` with it taken out.
 - ``objects``: the bytes of live objects in the object store by the processes holding a reference to them
   (``process``: e.g. ``driver+env_runner_1+env_runner_2+store_actor``): the snapshots the league plays, and any
   object still alive or borrowed at the reading.
 - ``summary`` (a run with ``rllib+store`` and ``none``): ``league_copies`` = the store's ``copies_live`` minus the
   control's ``control_copies_live``, and ``league_copies_heap`` the same for ``copies_heap``: the league's own
-  share once RLlib's and Ray's growth over the same iterations is taken out.
+  share once RLlib's and Ray's growth over the same iterations is taken out; ``league_copies_heap_warm`` the same
+  with each mode's fixed cost apart.
 """
 
 from __future__ import annotations
