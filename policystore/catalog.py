@@ -76,6 +76,9 @@ log = logging.getLogger(__name__)
 CONCURRENCY_GROUPS = {WATCH_GROUP: 8}
 VERSION_BLOCK = 64  # versions handed out per synced step of a policy's version counter
 MAX_WATCH_S = 60.0
+# The stores wake this long after a commit rings (``Doorbell``'s ``settle_s``): the committing store's call is
+# answered before every store's follower calls back, and a burst of commits costs each store one call.
+RING_SETTLE_S = 0.01
 MAX_EVENTS = 1000  # per watch answer; the watcher asks again from the answer's seq
 EVENT_LOG_KEEP = 10_000  # events kept for watchers that fall behind; older ones get a reset
 # The highest version the catalog hands out or takes from a store or a marker: far beyond any real league, and
@@ -205,7 +208,7 @@ class CatalogServer:
         self._path = Path(db_path)
         self._lock = threading.RLock()  # one connection, used by every thread of the actor in turn
         self._changed = threading.Condition(self._lock)  # wakes long polls when events are logged
-        self.bell = Doorbell()  # where the stores wait (coroutines: ``hosting.py``), rung from here
+        self.bell = Doorbell(RING_SETTLE_S)  # where the stores wait (coroutines: ``hosting.py``), rung from here
         self._closed = threading.Event()  # ends the beats
         self._beats = 0  # rung to the doorbell by ``_beat``: the ``as_of`` of this catalog's rings
         self._calls: Counter[str] = Counter()

@@ -156,7 +156,7 @@ class Publisher:
                 self.state.feed.raise_latest(*sid)
                 self.state.count("publishes")
                 if not durable:
-                    entry.pending = self.tiers.writer.submit(self.tiers.spill, sid, entry, ref)
+                    entry.pending = self.tiers.spill_soon(sid, entry, ref)
         self.tiers.evict(protect=sid)
         return sid
 

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_INTERVAL_S = 2.0  # how often failed spills are tried again (and the node's gauges exported)
+# A new publish's spill starts this long after it was queued: by then the publish has answered its caller, so the
+# disk write (and its compression) never competes with that answer for the CPU; spills queued behind it start at once.
+SPILL_SETTLE_S = 0.01
 
 
 class Tiers:
@@ -62,6 +65,16 @@ class Tiers:
 
         return DurableQueue(self.state.durable, self.state.config.durable_timeout_s, self.state.disk.root / TOMBSTONES,
                             source=self.upload_source, uploaded=self.uploaded, local=self.local_ids)
+
+    def spill_soon(self, sid: SnapshotId, entry: Entry, ref: ray.ObjectRef) -> Future:
+        """Queue a new publish's ``spill``, to start once that publish has answered (``SPILL_SETTLE_S``)."""
+        due = time.monotonic() + SPILL_SETTLE_S
+
+        def settled() -> None:
+            time.sleep(max(due - time.monotonic(), 0.0))
+            self.spill(sid, entry, ref)
+
+        return self.writer.submit(settled)
 
     def spill(self, sid: SnapshotId, entry: Entry, ref: ray.ObjectRef) -> None:
         """Background write of a non-durable publish or a fetched copy to this node's disk; eviction waits for it.

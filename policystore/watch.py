@@ -252,9 +252,13 @@ class Doorbell:
 
     The actor rings it with its feed's ``Ring`` whenever that changes, from one thread of its own (``ring`` is
     thread-safe and never waits). A doorbell not rung yet knows nothing ("" epoch): its waiters time out and ask
-    their store (the first ring comes at once)."""
+    their store (the first ring comes at once).
 
-    def __init__(self) -> None:
+    ``settle_s``: the waiters a ring wakes wake that much later, each with the newest ring then: the call that
+    rang answers its caller before they call the actor back, and rings in between wake them once."""
+
+    def __init__(self, settle_s: float = 0.0) -> None:
+        self._settle_s = settle_s
         self._lock = threading.Lock()  # rung from the actor's threads, waited on from its event loop
         self._ring = _SILENT
         self._about: dict[str, int] = {}  # policy -> the last event about it
@@ -284,7 +288,11 @@ class Doorbell:
                 woken |= self._news
                 self._news = set()
         for waiter in woken:  # each on the loop it waits on (this may be another thread)
-            waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+            loop = waiter.get_loop()
+            if self._settle_s:
+                loop.call_soon_threadsafe(loop.call_later, self._settle_s, _wake, waiter)
+            else:
+                loop.call_soon_threadsafe(_wake, waiter)
 
     def _quiet(self, since: int, epoch: FeedEpoch | str, follows: Collection[str] | None) -> bool:
         """Whether the doorbell holds no news for a follower that has heard up to ``since`` in ``epoch`` and

@@ -181,6 +181,30 @@ def test_the_doorbell_wakes_a_follower_early_only_for_news_about_what_it_follows
     asyncio.run(scenario())
 
 
+def test_a_settling_doorbell_wakes_its_followers_once_after_the_settle_time_with_the_newest_ring():
+    """The catalog's doorbell settles (``settle_s``): a follower woken by a commit wakes only after that time, and
+    news rung meanwhile reaches it in the same wake (so the committing store's answer goes first, and a burst of
+    commits costs each follower one call)."""
+    feed, bell = Feed(), Doorbell(settle_s=0.2)
+
+    async def scenario():
+        first = feed.next_ring(None, 0)
+        bell.ring(first)
+        waiting = asyncio.ensure_future(bell.wait(first.seq, first.epoch, WAIT_S))
+        await asyncio.sleep(0.01)
+        feed.raise_latest("p", 1)
+        await asyncio.to_thread(bell.ring, feed.next_ring(first, 0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # still settling
+        feed.raise_latest("p", 2)
+        newest = feed.next_ring(None, 0)
+        await asyncio.to_thread(bell.ring, newest)
+        ring = await asyncio.wait_for(waiting, 5)
+        assert ring.seq == newest.seq  # one wake, with both commits
+
+    asyncio.run(scenario())
+
+
 def test_commits_reach_other_processes_and_their_gets_skip_the_store(make_store, reader):
     store = make_store(max_staleness_s=2.0)
     source = net()
