@@ -30,7 +30,7 @@ from ray.rllib.utils.metrics import (  # noqa: E402
 
 from examples.rllib_cartpole_league import opponent_mapping, ppo_config  # noqa: E402
 from policystore.errors import PolicyStoreError  # noqa: E402
-from policystore.remote import NAMESPACE, store_name  # noqa: E402
+from policystore.remote import NAMESPACE, catalog_name, running, store_name  # noqa: E402
 from policystore.rllib import (  # noqa: E402
     LeagueError,
     NotSetUpError,
@@ -101,6 +101,18 @@ def test_a_churning_league_keeps_only_its_live_opponents(algo):
     remove_frozen(algo, "v4")
     eventually(lambda: object_store_used_bytes() <= before - size, "the removed snapshot's bytes freed", 60)
     assert listed(algo) == spill_files(algo) == {"v5"}
+
+
+def test_the_league_store_calls_leave_no_task_records_in_rays_gcs(algo):
+    """Ray's GCS keeps a record of every actor task (up to 100,000): a league calls its store from every EnvRunner
+    for every opponent it freezes and removes, so with records on, Ray's own memory grew with every opponent the
+    league ever had."""
+    league = league_name(algo)
+    for name in (store_name(ray.get_runtime_context().get_node_id(), league), catalog_name(league)):
+        handle = running(name)
+        assert handle is not None, name
+        assert handle._ray_enable_task_events is False, name
+        assert not any(handle._ray_method_enable_task_events.values()), name
 
 
 def test_kept_and_durable_snapshots_stay(algo):
