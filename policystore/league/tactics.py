@@ -19,6 +19,8 @@ from policystore.league.connect4 import CELL_BITS, COL_BIT, ROWS
 from policystore.league.solver import playable, winning_cells  # plain-int bit tricks that work on uint64 arrays as-is
 
 _COLUMN = np.bitwise_or.reduce(COL_BIT[:, :ROWS], axis=1)  # (7,) each column's six cells
+_CELL_BITS = CELL_BITS.ravel()  # (42,) each cell's bit, in the planes' row-major order
+_SAME_COLUMN = np.eye(len(_COLUMN), dtype=bool)[None]  # (1, 7, 7): my move and their reply in one column
 
 
 def has_won(threats: np.ndarray, landing: np.ndarray) -> np.ndarray:
@@ -29,10 +31,10 @@ def has_won(threats: np.ndarray, landing: np.ndarray) -> np.ndarray:
 
 
 def bitboards(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The mover's and the opponent's stones as bitboards, from ``observation_planes`` (channels 0 and 1)."""
-    own = np.bitwise_or.reduce(np.where(planes[:, 0] > 0, CELL_BITS, np.uint64(0)), axis=(1, 2))
-    opp = np.bitwise_or.reduce(np.where(planes[:, 1] > 0, CELL_BITS, np.uint64(0)), axis=(1, 2))
-    return own, opp
+    """The mover's and the opponent's stones as bitboards, from ``observation_planes`` (channels 0 and 1): each
+    plane's 0/1 cells times their bits, summed (the bits are distinct, so the sum is their OR) in one matmul."""
+    cells = (planes[:, :2] > 0).reshape(planes.shape[0], 2, -1).astype(np.uint64)
+    return cells[:, 0] @ _CELL_BITS, cells[:, 1] @ _CELL_BITS
 
 
 def forced_moves(planes: np.ndarray) -> np.ndarray:
@@ -54,11 +56,16 @@ def forced_moves(planes: np.ndarray) -> np.ndarray:
     # and facing their double threat.
     named = np.zeros_like(legal)
     deep = np.flatnonzero(legal.any(axis=1) & ~(win | block | double).any(axis=1))
-    replies = landing2[deep][:, :, None] & _COLUMN[None, None, :]  # (k, 7, 7)
+    replies = landing2[deep][:, :, None] & _COLUMN[None, None, :]  # (k, 7, 7): [my move, their reply]
     mask3 = mask2[deep][:, :, None] | replies
     landing3 = playable(mask3)
     can_answer = (mine_threats[deep][:, :, None] & landing3) != 0
-    theirs = winning_cells(opp[deep][:, None, None] | replies, mask3)
+    # Their stones after a reply are theirs plus one cell: the reply column's landing cell, or the cell above my
+    # stone when they answer in my column. So their lines are tested for 14 stone sets per position, not 49.
+    opp_k = opp[deep][:, None]
+    beside = winning_cells(opp_k | moves[deep], np.uint64(0))                          # (k, 7) by reply column
+    above = winning_cells(opp_k | (landing2[deep] & _COLUMN[None, :]), np.uint64(0))  # (k, 7) by my column
+    theirs = np.where(_SAME_COLUMN, above[:, :, None], beside[:, None, :]) & ~mask3
     trapped = ((replies != 0) & ~can_answer & has_won(theirs, landing3)).any(axis=-1)
     loses = legal[deep] & (gives[deep] | trapped)
     keeps = legal[deep] & ~loses
