@@ -49,6 +49,8 @@ class LiveDisplay:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.live.__exit__(kind, exc, tb)
+        if not self.live.console.is_terminal:  # off a terminal rich leaves the last line open: end it
+            self.live.console.line()
 
     def update(self, status: dict[str, Any], last_eval: dict[str, Any] | None) -> None:
         self.progress.update(self.task, completed=min(status["elapsed_s"], self.seconds))
