@@ -1,13 +1,16 @@
 """Shared fixtures: one Ray session per pytest process, shared by the modules that use it (Ray takes 3-5 s to start
 and stop on 2 cores)."""
 
+import contextlib
 import gc
+import getpass
 import os
 import random
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -45,6 +48,9 @@ def pytest_unconfigure(config):
     exit status is the session's own; the cause in finalization is still to be found."""
     if _EXIT_STATUS in config.stash:
         session.close_all()  # its staging file: os._exit skips the finalizer that would remove it
+        if not hasattr(config, "workerinput"):  # the run's own: pytest's per-user folder, emptied by the retention
+            with contextlib.suppress(OSError):
+                Path(tempfile.gettempdir(), f"pytest-of-{getpass.getuser()}").rmdir()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(config.stash[_EXIT_STATUS])
