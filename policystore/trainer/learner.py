@@ -7,8 +7,6 @@ It trains on a GPU when Ray gives it one (a fractional ``num_gpus`` lets shards 
 
 from __future__ import annotations
 
-import concurrent.futures
-import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,8 +20,6 @@ from policystore.league.constants import FROZEN_META_KEY
 from policystore.league.games import CONNECT4, get_game
 from policystore.trainer.checkpoint import has_learner, load_learner, load_weights, save_learner, save_weights
 from policystore.trainer.ppo import PPO, PPOConfig
-
-log = logging.getLogger(__name__)
 
 
 def choose_device(gpu_ids: list) -> torch.device:
@@ -63,9 +59,6 @@ class LearnerShard:
         self.buffered = 0
         self.last_stats: dict[str, float] = {}
         self.live: list[int] = []  # published versions that are not frozen snapshots (the newest kept)
-        # Old live versions are deleted on a thread of their own: a delete is a store round trip that the next
-        # update need not wait for (``save`` waits for those queued).
-        self._deletes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"delete-{player}")
         init_path = self.dir / f"{player}.init.safetensors"
         if resume and has_learner(self.dir, player):
             counters = load_learner(self.dir, player, self.ppo.net, self.ppo.opt)
@@ -82,15 +75,8 @@ class LearnerShard:
         sid = self.store.publish(self.player, host_weights(self.ppo.net), meta=self._meta())
         self.live.append(sid.version)
         while len(self.live) > 2:  # keep the previous version for workers that just resolved it
-            self._deletes.submit(self._delete, self.live.pop(0))
+            self.store.delete(self.player, version=self.live.pop(0))
         return sid
-
-    def _delete(self, version: int) -> None:
-        """Delete an old live version; one that fails stays in the store until a resumed run cleans it up."""
-        try:
-            self.store.delete(self.player, version=version)
-        except policystore.PolicyStoreError as exc:
-            log.warning("%s: version %d not deleted (a resumed run deletes it): %s", self.player, version, exc)
 
     def _meta(self) -> dict[str, Any]:
         return {"player": self.player, "updates": self.ppo.updates, "samples": self.samples,
@@ -126,7 +112,6 @@ class LearnerShard:
         self.publish()
 
     def save(self) -> None:
-        self._deletes.submit(lambda: None).result()  # the deletes queued before: the saved run holds two versions
         save_learner(self.dir, self.player, self.ppo.net, self.ppo.opt,
                      {"updates": self.ppo.updates, "samples": self.samples})
 
