@@ -539,7 +539,7 @@ class CatalogServer:
         self.bell.ring(Ring(self._seq, self._beats, self._epoch))
 
     @_counted  # outermost: Ray may look through the wrapper to the function, which must carry the group too
-    @ray.method(concurrency_group=WATCH_GROUP, enable_task_events=False)  # several calls a second per store
+    @ray.method(concurrency_group=WATCH_GROUP)
     def watch(self, since: int, timeout_s: float, epoch: str | None = None) -> CatalogEvents:
         """Commits and deletes after event ``since``: at once if there are some, else when one happens or after
         ``timeout_s`` (at most 60 s), whichever is first. A long poll; pass the last answer's ``seq`` (and

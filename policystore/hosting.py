@@ -29,9 +29,6 @@ import ray
 BELL_GROUP = "bell"  # the concurrency group of the followers' waits: coroutines, no threads
 # Followers one doorbell serves at once: one coroutine each (no thread), so this only bounds a runaway caller.
 MAX_WAITERS = 100_000
-# Task events (Ray's state API and dashboard) off for the waits every follower makes several times a second: each
-# is a record kept in the caller and the callee until flushed, per call, for nothing anyone looks at.
-_TASK_EVENTS = False
 
 
 def actor_class(cls: type, threads: dict[str | None, int]) -> Any:
@@ -59,13 +56,13 @@ def actor_class(cls: type, threads: dict[str | None, int]) -> Any:
         else:
             setattr(hosted, name, value)
 
-    @ray.method(concurrency_group=BELL_GROUP, enable_task_events=_TASK_EVENTS)
+    @ray.method(concurrency_group=BELL_GROUP)
     async def bell_wait(self: Any, since: int, epoch: Any, timeout_s: float,
                         follows: Collection[str] | None = None) -> Any:
         """``watch.Doorbell.wait`` on this actor's doorbell."""
         return await self._hosted.bell.wait(since, epoch, timeout_s, follows)
 
-    @ray.method(concurrency_group=BELL_GROUP, enable_task_events=_TASK_EVENTS)
+    @ray.method(concurrency_group=BELL_GROUP)
     async def bell_after_beats(self: Any, since: int, epoch: str, timeout_s: float) -> Any:
         """``watch.Doorbell.after_beats`` on this actor's doorbell."""
         return await self._hosted.bell.after_beats(since, epoch, timeout_s)

@@ -77,9 +77,10 @@ def _description(handle: ActorHandle) -> str:
 
 def detached(name: str) -> dict[str, object]:
     """Ray options of the project's named actors: found if ``name`` runs, else created (atomically, in Ray's GCS)
-    detached, taking no CPU slot, and restarted by Ray whenever it dies. Their calls leave no task events: Ray's
-    GCS keeps a record of every task (up to 100,000 of them), about 40 KiB a publish and delete of a snapshot, so
-    a league that churns its opponents grew Ray's own memory by every call it ever made to its store."""
+    detached, taking no CPU slot, and restarted by Ray whenever it dies. None of their calls leaves a task event
+    (the default of every method, followers' waits included): Ray's GCS keeps a record of every task (up to
+    100,000 of them), about 40 KiB a publish and delete of a snapshot, so a league that churns its opponents grew
+    Ray's own memory by every call it ever made to its store."""
     return {"name": name, "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached", "num_cpus": 0,
             "max_restarts": -1, "enable_task_events": False}
 

@@ -94,7 +94,7 @@ class StoreServer:
         readers' long polls, so it never waits behind calls queued on the rebuilding catalog."""
         return self.follower.holdings()
 
-    @ray.method(concurrency_group=WATCH_GROUP, enable_task_events=False)  # called by every follower: see watch.py
+    @ray.method(concurrency_group=WATCH_GROUP)  # called by every follower: see watch.py
     def watch(self, since: int, timeout_s: float, used: Sequence[SnapshotId] = (), follows: Sequence[str] = (),
               adopt: Sequence[str] = ()) -> StoreEvents:
         """The node's league changes after event ``since`` (waiting at most ``timeout_s`` for one; followers pass

@@ -289,10 +289,7 @@ class Doorbell:
                 self._news = set()
         for waiter in woken:  # each on the loop it waits on (this may be another thread)
             loop = waiter.get_loop()
-            if self._settle_s:
-                loop.call_soon_threadsafe(loop.call_later, self._settle_s, _wake, waiter)
-            else:
-                loop.call_soon_threadsafe(_wake, waiter)
+            loop.call_soon_threadsafe(loop.call_later, self._settle_s, _wake, waiter)
 
     def _quiet(self, since: int, epoch: FeedEpoch | str, follows: Collection[str] | None) -> bool:
         """Whether the doorbell holds no news for a follower that has heard up to ``since`` in ``epoch`` and
