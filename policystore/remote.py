@@ -1,11 +1,12 @@
 """Every call the package makes to a Ray actor, and the actors' names: one owner for deadlines and Ray's errors.
 
 ``call(actor, "method", *args, timeout_s=...)`` runs a method and waits for its answer at most ``timeout_s``;
-``send`` starts one whose answer nobody waits for (or that ``get`` waits for later, with a deadline). Ray's own
-errors never reach a caller: a call without an answer in time is a DeadlineExceededError naming the actor and the
-method, an actor that stopped or cannot be reached is a StoreUnavailableError (Ray's error kept as its cause), an
-actor whose start failed raises its own policystore error, and a policystore error raised inside the actor is raised
-here as itself. Calls that are safe to repeat pass ``retry_s`` to be asked again while Ray restarts the actor.
+``begin`` is ``call`` started now and waited for later; ``send`` starts one whose answer nobody waits for (or that
+``get`` waits for later, with a deadline). Ray's own errors never reach a caller: a call without an answer in time
+is a DeadlineExceededError naming the actor and the method, an actor that stopped or cannot be reached is a
+StoreUnavailableError (Ray's error kept as its cause), an actor whose start failed raises its own policystore error,
+and a policystore error raised inside the actor is raised here as itself. Calls that are safe to repeat pass
+``retry_s`` to be asked again while Ray restarts the actor.
 
 The project's actors are named, detached and found by name (``start`` finds the running one or starts it; creation
 is atomic in Ray's GCS), in one Ray namespace whatever the league; their names carry the league.
@@ -157,42 +158,58 @@ def call(actor: Actor, method: str, *args: Any, timeout_s: float, retry_s: float
     ``retry_s``: for calls safe to repeat, how long to keep asking again (each attempt with ``timeout_s``) while
     the actor is unavailable (Ray restarts it) or died for good (``actor`` is then a finder, asked for its
     successor). A deadline that passes is never retried: the caller learns which actor was slow."""
+    return begin(actor, method, *args, timeout_s=timeout_s, retry_s=retry_s, **kwargs)()
+
+
+def begin(actor: Actor, method: str, *args: Any, timeout_s: float, retry_s: float = 0.0, **kwargs: Any
+          ) -> Callable[[], Any]:
+    """``call``, started now and answered later: returns a function that waits for the answer as ``call`` does
+    (the deadline counts from now), so the caller can do its own work while the actor does its part."""
     find = actor if callable(actor) and not isinstance(actor, ActorHandle) else None
     handle = actor if find is None else find(False)
     give_up = time.monotonic() + retry_s
-    while True:
-        try:
-            return get(send(handle, method, *args, **kwargs), timeout_s, f"the {_description(handle)}", method,
-                       setting=_SETTING if handle._actor_id in _DESCRIBED else None)
-        except StoreUnavailableError as exc:
-            cause = exc.__cause__
-            if isinstance(exc, DeadlineExceededError) or not isinstance(cause, ray.exceptions.RayActorError) or \
-                    getattr(cause, "_actor_init_failed", False):
-                raise
-            if find is not None and isinstance(cause, ray.exceptions.ActorDiedError):
-                handle = find(True)  # stopped for good: its successor (found, or started) takes the next call
-            if time.monotonic() >= give_up:
-                raise
-        time.sleep(_RETRY_EVERY_S)
+    sent, ref = time.monotonic(), send(handle, method, *args, **kwargs)
+
+    def answer() -> Any:
+        nonlocal handle, sent, ref
+        while True:
+            try:
+                return get(ref, max(sent + timeout_s - time.monotonic(), 0.0), f"the {_description(handle)}",
+                           method, setting=_SETTING if handle._actor_id in _DESCRIBED else None, limit_s=timeout_s)
+            except StoreUnavailableError as exc:
+                cause = exc.__cause__
+                if isinstance(exc, DeadlineExceededError) or not isinstance(cause, ray.exceptions.RayActorError) \
+                        or getattr(cause, "_actor_init_failed", False):
+                    raise
+                if find is not None and isinstance(cause, ray.exceptions.ActorDiedError):
+                    handle = find(True)  # stopped for good: its successor (found, or started) takes the next call
+                if time.monotonic() >= give_up:
+                    raise
+            time.sleep(_RETRY_EVERY_S)
+            sent, ref = time.monotonic(), send(handle, method, *args, **kwargs)
+
+    return answer
 
 
 def get(ref: ray.ObjectRef | Sequence[ray.ObjectRef], timeout_s: float, what: str, method: str | None = None, *,
-        stop: Callable[[], bool] | None = None, setting: str | None = None) -> Any:
+        stop: Callable[[], bool] | None = None, setting: str | None = None, limit_s: float | None = None) -> Any:
     """The value of ``ref`` (or a list of the values of ``ref``'s refs) within ``timeout_s``; ``what`` names what is
     waited for (an actor, with ``method`` the call it answers; a snapshot's copy) in the errors.
 
     ``stop``: asked every 0.1 s while waiting, and the wait ends (None) once it is true; a thread that must stop
     when Ray shuts down waits this way, never inside ``ray.get`` (which would be left waiting on freed memory).
-    ``setting``: the option that sets ``timeout_s``, named in a DeadlineExceededError."""
+    ``setting``: the option that sets ``timeout_s``, named in a DeadlineExceededError; ``limit_s``: the deadline
+    the error names, where ``timeout_s`` is what is left of it."""
+    limit_s = timeout_s if limit_s is None else limit_s
     try:
         if stop is None:
             return ray.get(ref, timeout=timeout_s)
         return _stoppable(ref, timeout_s, stop)
     except ray.exceptions.GetTimeoutError as exc:
         if method is None:
-            raise DeadlineExceededError(f"{what} did not arrive within {timeout_s:g} s") from exc
+            raise DeadlineExceededError(f"{what} did not arrive within {limit_s:g} s") from exc
         raise DeadlineExceededError(
-            f"{what} did not answer {method}() within {timeout_s:g} s{f' ({setting})' if setting else ''}; it may "
+            f"{what} did not answer {method}() within {limit_s:g} s{f' ({setting})' if setting else ''}; it may "
             "be overloaded, stopped, or waiting on a slow tier"
         ) from exc
     except ray.exceptions.RayTaskError as exc:

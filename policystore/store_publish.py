@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import wait as wait_all
 from contextlib import ExitStack, contextmanager
 
@@ -36,6 +36,7 @@ from .store_state import FETCH_TIMEOUT_S, Entry, StoreState
 from .store_tiers import Tiers
 from .wire import (
     DURABLE,
+    CatalogEntry,
     HotSnapshot,
     Summary,
 )
@@ -77,8 +78,9 @@ class Publisher:
     def _publish(self, policy_id: str, buf: np.ndarray, durable: bool) -> SnapshotId:
         """Copy ``buf`` into the object store and commit it; durable publishes write their files first.
 
-        Non-durable: one catalog call (``publish``) after the copy. Durable: ``reserve``, fsync'd files, the copy,
-        then ``commit``. Killed anywhere before the commit, the version is never visible: complete or absent.
+        Non-durable: one catalog call (``publish``) while the copy is made; a copy that fails takes the version back.
+        Durable: ``reserve``, fsync'd files, the copy, then ``commit``. Killed anywhere before the commit, a durable
+        version is never visible: complete or absent.
         """
         with self.state.timed("publish_latency"):
             return self._publish_timed(policy_id, buf, durable)
@@ -143,11 +145,18 @@ class Publisher:
                 if self.state.durable is not None:
                     self.state.holders.gained(sid, DURABLE)
             else:
-                ref = ray.put(shareable(buf))
+                # The catalog commits while the copy is made (two waits overlapped, not added): from the commit on,
+                # gets of this version wait (``_landing``) until it is recorded below.
                 landing.enter_context(self._landing(policy_id))
                 token = uuid.uuid4().hex  # the catalog answers a repeated call with the version this one was given
-                sid = self.state.on_catalog("publish", policy_id, self.state.node_id, Summary.of(header, False),
-                                            token).id
+                committed = self.state.start_on_catalog("publish", policy_id, self.state.node_id,
+                                                        Summary.of(header, False), token)
+                try:
+                    ref = ray.put(shareable(buf))
+                except BaseException:
+                    self._take_back(committed, entry)
+                    raise
+                sid = committed().id
                 self.follower.saw(*sid)
             with self.state.lock:
                 self.state.policies.setdefault(policy_id, {})[sid.version] = entry
@@ -159,6 +168,17 @@ class Publisher:
                     entry.pending = self.tiers.spill_soon(sid, entry, ref)
         self.tiers.evict(protect=sid)
         return sid
+
+    def _take_back(self, committed: Callable[[], CatalogEntry], entry: Entry) -> None:
+        """After a non-durable publish's copy failed: withdraw the version its catalog call committed, which would
+        be listed without a copy otherwise (the copy's error is what the caller hears)."""
+        try:
+            sid = committed().id
+        except Exception as exc:
+            log.error("a publish whose copy failed may stay listed without its copy: the catalog did not answer (%s)",
+                      exc)
+            return
+        self._withdraw(sid, entry)
 
     def _withdraw(self, sid: SnapshotId, entry: Entry) -> None:
         """After a durable publish failed: take the version back in the catalog (aborted, or deleted if it was

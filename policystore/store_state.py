@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -134,7 +134,12 @@ class StoreState:
     def on_catalog(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """The catalog's answer, asked again while the catalog restarts (up to ``_CATALOG_RETRY_S``): only for
         calls that are safe to repeat (idempotent, or carrying a token)."""
-        return remote.call(self.catalog, method, *args, timeout_s=_CATALOG_RETRY_S, retry_s=_CATALOG_RETRY_S, **kwargs)
+        return self.start_on_catalog(method, *args, **kwargs)()
+
+    def start_on_catalog(self, method: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """``on_catalog`` started now: returns the function that waits for its answer."""
+        return remote.begin(self.catalog, method, *args, timeout_s=_CATALOG_RETRY_S, retry_s=_CATALOG_RETRY_S,
+                            **kwargs)
 
     def _send_holders(self, gained: Sequence[tuple[SnapshotId, str]], dropped: Sequence[tuple[SnapshotId, str]]
                       ) -> None:

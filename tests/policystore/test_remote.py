@@ -150,6 +150,21 @@ def test_call_maps_each_of_rays_errors_to_a_policystore_error(ray_session):
     assert remote.died(missing.value)
 
 
+def test_begin_waits_later_and_its_deadline_counts_from_the_start(ray_session):
+    probe = remote.start(Probe, "remote-test-begin", options={"max_restarts": 0})
+    try:
+        echoed = remote.begin(probe, "echo", 7, timeout_s=60)
+        assert echoed() == 7
+        started = time.monotonic()
+        slept = remote.begin(probe, "sleep", 30, timeout_s=1.0)
+        time.sleep(0.8)  # the caller's own work, while the actor sleeps
+        with pytest.raises(DeadlineExceededError, match=r"did not answer sleep\(\) within 1 s"):
+            slept()
+        assert time.monotonic() - started < 10  # the deadline counted from begin: not 1 s after the wait started
+    finally:
+        remote.kill("remote-test-begin")
+
+
 def test_retry_s_rides_out_a_restart_and_a_finder_reaches_a_successor(ray_session):
     probe = remote.start(Probe, "remote-test-restarts")
     try:

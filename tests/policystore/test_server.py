@@ -383,6 +383,37 @@ def test_delete_frees_the_version_for_good(make_store):
     assert not (Path(store.stats().spill_dir) / "p" / "0000000003.safetensors").exists()
 
 
+def _fail_the_next_copy(self) -> None:
+    """In the store actor: its next ``ray.put`` of a publish raises (an object store that is full)."""
+    import policystore.store_publish as publishing
+
+    real = publishing.ray
+
+    class FailOnce:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def put(value):
+            publishing.ray = real
+            raise ray.exceptions.ObjectStoreFullError("the object store is full (injected)")
+
+    publishing.ray = FailOnce()
+
+
+def test_a_publish_whose_copy_fails_after_the_commit_is_taken_back(make_store):
+    """A non-durable publish's catalog commit runs while the store copies the snapshot: a copy that fails takes
+    the version back, so it is never listed without a copy, and the publisher hears the copy's error."""
+    store = make_store()
+    kept = store.publish("copy-fails", weights_of_mib(1))
+    ray.get(store_actor().__ray_call__.remote(_fail_the_next_copy))
+    with pytest.raises(ray.exceptions.ObjectStoreFullError, match="injected"):
+        store.publish("copy-fails", weights_of_mib(1))
+    assert [info.id for info in store.list("copy-fails")] == [kept]
+    assert store.get("copy-fails").id == kept
+    assert store.publish("copy-fails", weights_of_mib(1)).version == kept.version + 2  # its number is not reused
+
+
 def test_bad_weights_and_oversized_snapshots_lose_nothing(make_store):
     store = make_store(hot_capacity_bytes=2 * MiB)
     store.publish("keep", weights_of_mib(1))
