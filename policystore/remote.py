@@ -108,17 +108,23 @@ def start(cls: type, name: str, *args: Any, watchers: int | None = None, options
     return _named(actor, name)
 
 
-def running(name: str) -> ActorHandle | None:
-    """The handle of the project's named actor ``name`` (a store, a catalog), or None when none runs."""
+def running(name: str, *, background: bool = False) -> ActorHandle | None:
+    """The handle of the project's named actor ``name`` (a store, a catalog), or None when none runs.
+    ``background``: never start Ray (see ``send_in_background``)."""
+    get_actor = ray.get_actor
+    if background:
+        _check_running()
+        get_actor = _without_auto_init(get_actor)
     try:
-        return _named(ray.get_actor(name, namespace=NAMESPACE), name)
+        return _named(get_actor(name, namespace=NAMESPACE), name)
     except ValueError:
         return None
 
 
-def find(name: str) -> ActorHandle:
-    """The running actor ``name``; StoreUnavailableError if none runs (its start failed, or it was stopped)."""
-    actor = running(name)
+def find(name: str, *, background: bool = False) -> ActorHandle:
+    """The running actor ``name``; StoreUnavailableError if none runs (its start failed, or it was stopped).
+    ``background``: never start Ray (see ``send_in_background``)."""
+    actor = running(name, background=background)
     if actor is None:
         raise StoreUnavailableError(f"the {describe(name)} is not running (its start failed, or it was stopped; "
                                     "its log says why)")
@@ -150,6 +156,36 @@ def send(actor: ActorHandle, method: str, *args: Any, **kwargs: Any) -> ray.Obje
     """Start ``actor.method(*args, **kwargs)`` without waiting: its answer is ``get``'s (with a deadline), or
     nobody's (a notice whose loss the next one makes good)."""
     return getattr(actor, method).remote(*args, **kwargs)
+
+
+def send_in_background(actor: ActorHandle, method: str, *args: Any, **kwargs: Any) -> ray.ObjectRef:
+    """``send`` from a background thread: it never starts Ray. (Ray's auto-init starts a new local Ray for an actor
+    call made after ``ray.shutdown()``: a follower thread that raced a driver's shutdown would leave one running,
+    and the driver's next ``ray.init`` would fail.) StoreUnavailableError if Ray is not running."""
+    _check_running()
+    bound = getattr(actor, method)
+    return _without_auto_init(type(bound)._remote)(bound, args, kwargs)
+
+
+def session_name() -> str | None:
+    """The Ray session this process is connected to (None: none); never starts Ray."""
+    if not ray.is_initialized():
+        return None
+    try:
+        return _without_auto_init(ray.get_runtime_context)().get_session_name()
+    except Exception:  # shut down meanwhile
+        return None
+
+
+def _check_running() -> None:
+    if not ray.is_initialized():
+        raise StoreUnavailableError("Ray is not running in this process (ray.shutdown() was called)")
+
+
+def _without_auto_init(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Ray's ``fn`` without the wrapper that first starts a local Ray when none runs (its auto-init); where a Ray
+    version has no such wrapper, ``fn`` itself."""
+    return getattr(fn, "__wrapped__", fn)
 
 
 def call(actor: Actor, method: str, *args: Any, timeout_s: float, retry_s: float = 0.0, **kwargs: Any) -> Any:

@@ -49,10 +49,9 @@ _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whol
 
 
 def current_ray_session() -> str | None:
-    """The Ray session this process is connected to (None: none): a follower never outlives the one it started in."""
-    if not ray.is_initialized():
-        return None
-    return ray.get_runtime_context().get_session_name()
+    """The Ray session this process is connected to (None: none): a follower never outlives the one it started in,
+    and never starts one."""
+    return remote.session_name()
 
 
 @dataclass(frozen=True)
@@ -543,14 +542,15 @@ class Follower:
         while not self._stop.is_set() and current_ray_session() == session:
             try:
                 if self._actor is None:
-                    self._actor = remote.find(self._name)
+                    self._actor = remote.find(self._name, background=True)
                 if news or self._used or self._adopt:
                     if not self._call_store(session, limit):
                         return
                 with self._lock:
                     follows = tuple(self._follows)
-                ring = self._wait(remote.send(self._actor, "bell_wait", self._seq, self._epoch or "", self._poll_s,
-                                              follows), session, limit, "bell_wait")
+                bell = remote.send_in_background(self._actor, "bell_wait", self._seq, self._epoch or "", self._poll_s,
+                                                 follows)
+                ring = self._wait(bell, session, limit, "bell_wait")
                 if ring is None:
                     return
                 news = not self._heard(ring)
@@ -572,7 +572,8 @@ class Follower:
         """Ask the store what changed (an answer at once: the waiting is the doorbell's). False: stopped."""
         with self._lock:
             follows, adopt = tuple(self._follows), tuple(self._adopt)
-        call = remote.send(self._actor, "watch", self._seq if self._epoch else 0, 0, self.take_used(), follows, adopt)
+        call = remote.send_in_background(self._actor, "watch", self._seq if self._epoch else 0, 0, self.take_used(),
+                                         follows, adopt)
         events = self._wait(call, session, timeout_s, "watch")
         if events is None or self._stop.is_set():
             return False

@@ -6,6 +6,8 @@ publish is a StoreUnavailableError, Ray's error kept as its cause."""
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -163,6 +165,39 @@ def test_begin_waits_later_and_its_deadline_counts_from_the_start(ray_session):
         assert time.monotonic() - started < 10  # the deadline counted from begin: not 1 s after the wait started
     finally:
         remote.kill("remote-test-begin")
+
+
+_AFTER_SHUTDOWN = """
+import ray
+from policystore import StoreUnavailableError, remote
+
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="error")
+probe = ray.remote(num_cpus=0.1)(type("Probe", (), {"echo": lambda self, v: v})).remote()
+assert ray.get(probe.echo.remote(1)) == 1
+ray.shutdown()
+for attempt in (lambda: remote.send_in_background(probe, "echo", 2),
+                lambda: remote.find("policystore-anything", background=True)):
+    try:
+        attempt()
+        print("no error")
+    except StoreUnavailableError as exc:
+        print("refused:", exc)
+print("session:", remote.session_name())
+print("ray restarted:", ray.is_initialized())
+"""
+
+
+def test_a_background_thread_never_starts_ray_after_the_driver_shut_it_down():
+    """Ray's auto-init starts a new local Ray for an actor call made after ``ray.shutdown()``: a follower thread
+    that raced a driver's shutdown left one running (and the driver's next ``ray.init`` failed). The calls the
+    followers make refuse instead (a fresh process: this one's shared Ray session must stay up)."""
+    run = subprocess.run([sys.executable, "-c", _AFTER_SHUTDOWN], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RAY_ADDRESS": ""})
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert [line.partition(":")[0] for line in lines] == ["refused", "refused", "session", "ray restarted"], lines
+    assert all("Ray is not running" in line for line in lines[:2])
+    assert lines[2:] == ["session: None", "ray restarted: False"]
 
 
 def test_retry_s_rides_out_a_restart_and_a_finder_reaches_a_successor(ray_session):
