@@ -38,7 +38,7 @@ from .protect import follow_generation, open_shared
 from .remote import catalog_name, store_name
 from .session import Session, clear_cache, current_session, ensure_ray, session_key
 from .staging import StagingFile
-from .watch import Pushed, PushState, current_ray_session
+from .watch import Pushed, PushState
 from .wire import CatalogEntry, HotSnapshot, SnapshotInfo, StoreStats, VerifyReport
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # ray.shutdown() unmaps the object store: pages protected in one Ray session are never unprotected in another
-follow_generation(current_ray_session)
+follow_generation(remote.session_name)
 
 # A store that dies is restarted by Ray and rebuilds from disk; reads retry across that for this long. It is also
 # what a handle allows a store it just created for its start (a process and torch's import: seconds on a busy node).

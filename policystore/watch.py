@@ -48,12 +48,6 @@ log = logging.getLogger(__name__)
 _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
 
 
-def current_ray_session() -> str | None:
-    """The Ray session this process is connected to (None: none): a follower never outlives the one it started in,
-    and never starts one."""
-    return remote.session_name()
-
-
 @dataclass(frozen=True)
 class _Latest:
     """A policy's newest committed version changed (0: none left)."""
@@ -536,10 +530,10 @@ class Follower:
 
     def _run(self) -> None:
         failures = 0
-        session = current_ray_session()
+        session = remote.session_name()
         news = True
         limit = self._poll_s * 4 + 10
-        while not self._stop.is_set() and current_ray_session() == session:
+        while not self._stop.is_set() and remote.session_name() == session:
             try:
                 if self._actor is None:
                     self._actor = remote.find(self._name, background=True)
@@ -555,7 +549,7 @@ class Follower:
                     return
                 news = not self._heard(ring)
             except Exception as exc:  # store restarting or gone, Ray shutting down: reads fall back meanwhile
-                if self._stop.is_set() or current_ray_session() != session:
+                if self._stop.is_set() or remote.session_name() != session:
                     return
                 if remote.died(exc):
                     self._actor = None  # stopped for good (or not there yet): find its successor
@@ -597,7 +591,7 @@ class Follower:
         """A remote call's answer, waited for without blocking inside Ray (``remote.get``'s ``stop``). None: stopped
         or Ray shut down."""
         return remote.get(ref, timeout_s, f"the {remote.describe(self._name)}", method,
-                          stop=lambda: self._stop.is_set() or current_ray_session() != session)
+                          stop=lambda: self._stop.is_set() or remote.session_name() != session)
 
     def _map_ahead(self, session: str | None) -> None:
         """Map the pushed snapshots not mapped yet (newest first), off the read path: a read of one is then a
@@ -611,7 +605,7 @@ class Follower:
                 continue
             try:
                 value = remote.get(pushed.ref, self._map_timeout_s, f"the pushed copy of {sid}",
-                                   stop=lambda: self._stop.is_set() or current_ray_session() != session)
+                                   stop=lambda: self._stop.is_set() or remote.session_name() != session)
                 if value is None:
                     return
                 snap = Snapshot(sid, open_shared(value, what=str(sid)), pushed.ref, pushed.header)
