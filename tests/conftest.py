@@ -22,7 +22,7 @@ import pytest
 import ray
 import torch
 
-from policystore import session
+from policystore import session, staging
 
 ROOT = Path(__file__).resolve().parents[1]
 # Ray workers inherit the driver's environment on a local cluster: let them import the project and test modules
@@ -48,9 +48,10 @@ def pytest_unconfigure(config):
     exit status is the session's own; the cause in finalization is still to be found."""
     if _EXIT_STATUS in config.stash:
         session.close_all()  # its staging file: os._exit skips the finalizer that would remove it
-        if not hasattr(config, "workerinput"):  # the run's own: pytest's per-user folder, emptied by the retention
-            with contextlib.suppress(OSError):
+        if not hasattr(config, "workerinput"):  # the run's own: pytest's per-user folder, emptied by the retention,
+            with contextlib.suppress(OSError):  # and the staging folder the workers' processes left in /dev/shm
                 Path(tempfile.gettempdir(), f"pytest-of-{getpass.getuser()}").rmdir()
+            staging.remove_orphans()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(config.stash[_EXIT_STATUS])
