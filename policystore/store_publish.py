@@ -181,9 +181,10 @@ class Publisher:
         self._withdraw(sid, entry)
 
     def _withdraw(self, sid: SnapshotId, entry: Entry) -> None:
-        """After a durable publish failed: take the version back in the catalog (aborted, or deleted if it was
-        committed), then remove what the publish wrote. If the catalog cannot be told, the files stay: the call is
-        queued for it, and the store's next reconcile settles them."""
+        """After a publish failed (durable, or non-durable with its copy failing after the commit): take the version
+        back in the catalog (aborted, or deleted if it was committed), then remove what the publish wrote. If the
+        catalog cannot be told, the files stay: the call is queued for it, and the store's next reconcile settles
+        them."""
         try:
             self.state.on_catalog("withdraw", *sid, self.state.node_id)
         except Exception as exc:
