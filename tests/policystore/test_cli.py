@@ -128,7 +128,11 @@ def test_offline_gc_dry_run_and_refusals(capsys, durable_dir, tmp_path, monkeypa
         assert code == EXIT_USAGE, argv
     code, _ = run_cli(capsys, "--dir", str(tmp_path / "missing"), "ls")
     assert code == EXIT_USAGE
-    code, _ = run_cli(capsys, "ls")  # nowhere to read from
+    # nowhere to read from: no address, and no `ray start` record in Ray's temp folder (an empty one of this test's
+    # own, so a local Ray that another test starts meanwhile, which writes its record in /tmp/ray, is not joined)
+    (tmp_path / "no-ray").mkdir()
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "no-ray"))
+    code, _ = run_cli(capsys, "ls")
     assert code == EXIT_USAGE
     with pytest.raises(SystemExit) as exit_info:
         main(["frobnicate"])
