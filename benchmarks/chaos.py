@@ -321,7 +321,7 @@ class Chaos:
         self.store = policystore.connect(policystore.StoreConfig(
             durable_uri=s3.uri("chaos"), spill_dir=str(self.disk) if self.disk is not None else None))
         self.monitor = Monitor.remote()
-        self.state_dir = Path(tempfile.mkdtemp(prefix="chaos-state-"))
+        self.state_dir = Path(tempfile.mkdtemp(prefix=f"chaos-state-{os.getpid()}-"))
         self.learners = [
             ray.remote(Learner).options(num_cpus=0.1, resources={HEAD: 0.01}, max_restarts=-1, max_task_retries=0)
             .remote(i, self.monitor, str(self.state_dir / f"learner-{i}"), args.tensor_kib * 1024)
@@ -542,6 +542,9 @@ class Chaos:
             time.sleep(1.0)
 
     def close(self) -> None:
+        import policystore
+
+        policystore.close()  # the driver's followers end first: a Ray call during the shutdown ends the process
         with contextlib.suppress(Exception):
             ray.shutdown()
         self.cluster.shutdown()
@@ -554,13 +557,27 @@ class Chaos:
 
 def _mount_tmpfs(mib: int) -> Path | None:
     """A tmpfs of ``mib`` MiB for the stores' spill folders (the disk_full fault fills it), or None without root."""
-    where = Path(tempfile.mkdtemp(prefix="chaos-spill-"))
+    _remove_orphans()
+    where = Path(tempfile.mkdtemp(prefix=f"chaos-spill-{os.getpid()}-"))
     if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0700", "tmpfs", str(where)],
                       capture_output=True, check=False).returncode:
         log.warning("cannot mount a tmpfs for the spill disk (needs root): the disk_full fault is skipped")
         where.rmdir()
         return None
     return where
+
+
+def _remove_orphans() -> None:
+    """The spill mounts and state folders of chaos drivers that died before their cleanup (their pid is in the
+    name, and gone)."""
+    for folder in Path(tempfile.gettempdir()).glob("chaos-*-*-*"):
+        kind, _, rest = folder.name.removeprefix("chaos-").partition("-")
+        pid = rest.partition("-")[0]
+        if kind not in ("spill", "state") or not pid.isdigit() or psutil.pid_exists(int(pid)):
+            continue
+        if kind == "spill":
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def first_after(times: list[float], t: float) -> float | None:

@@ -159,6 +159,7 @@ def drive(args) -> None:
                     row["x_ray_get"] = row["total_s"] / rows["ray_get"]["total_s"]
                     results.emit(row)
     finally:
+        policystore.close()  # its followers end before Ray does
         ray.shutdown()
         shutil.rmtree(spill, ignore_errors=True)
 

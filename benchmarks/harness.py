@@ -233,6 +233,8 @@ def ray_session(object_store_bytes: int, num_cpus: int | None = None) -> Iterato
     """
     import ray
 
+    import policystore
+
     if ray.is_initialized():
         raise RuntimeError("benchmarks start their own Ray session; call them without one running")
     # a SIGTERM (kill, a CI timeout) unwinds through the finally below: Ray shut down, spill folder removed
@@ -257,6 +259,7 @@ def ray_session(object_store_bytes: int, num_cpus: int | None = None) -> Iterato
                 log.warning("Ray did not start (%s); retrying", brief(exc))
         yield spill
     finally:
+        policystore.close()
         ray.shutdown()
         shutil.rmtree(spill, ignore_errors=True)
 

@@ -126,6 +126,7 @@ def drive(args) -> None:
             row["ok"] = all(row[k] == 0 for k in MUST_BE_ZERO) and row["failed_calls"] > 0
             results.emit(row)
     finally:
+        policystore.close()  # its followers end before Ray does
         ray.shutdown()
 
 

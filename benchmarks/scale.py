@@ -272,6 +272,7 @@ def fanout(results: harness.Results, args) -> None:
                 for row in rows.values():
                     results.emit(row)
     finally:
+        policystore.close()  # its followers end before Ray does
         ray.shutdown()
         cluster.shutdown()
         if session:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # explicit re-exports (`X as X`) for type checkers; the names
     from .reader import FolderReader as FolderReader
     from .reader import open_folder as open_folder
     from .session import clear_cache as clear_cache
+    from .session import close as close
     from .snapshot import Snapshot as Snapshot
     from .views import SharedTensor as SharedTensor
     from .views import fast_reads as fast_reads
@@ -42,7 +43,7 @@ globals().update(_ERRORS)
 
 _LAZY = {name: module for module, names in {
     "client": ("PolicyStore", "connect", "connect_all"),
-    "session": ("clear_cache",),
+    "session": ("clear_cache", "close"),
     "snapshot": ("Snapshot",),
     "views": ("SharedTensor", "fast_reads"),
     "reader": ("open_folder", "FolderReader", "FileInfo"),

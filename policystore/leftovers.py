@@ -63,7 +63,7 @@ def shutdown_ray(wait_s: float = 5.0) -> None:
     machine: waits up to ``wait_s`` for the session's processes (Ray kills its workers, which then cannot remove
     their staging files), then removes their staging files and the session's default spill folder."""
     processes = [p for p in memory.session_processes() if p.pid != os.getpid()]
-    session.close_all()
+    session.close()
     ray.shutdown()
     psutil.wait_procs(processes, timeout=wait_s)
     staging.remove_orphans()

@@ -5,6 +5,7 @@ Ray session, or another cluster) starts from nothing, even while handles from th
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -157,12 +158,15 @@ class Session:
     def close(self) -> None:
         with self.lock:
             self.closed = True
-            for follower in self.followers.values():
-                follower.stop()
+            followers = list(self.followers.values())
             self.followers.clear()
             self.clients.clear()
             self.snapshots.clear()
             staging, self._staging = self._staging, None
+        for follower in followers:
+            follower.stop()
+        for follower in followers:  # outside the lock: a follower mapping ahead asks this session what it holds
+            follower.join()
         if staging is not None:
             staging.remove()
 
@@ -191,14 +195,19 @@ def current_session(league: str) -> Session:
         return session
 
 
-def close_all() -> None:
-    """End this process's state of every league: followers stopped, its staging file removed. For a process that
-    ends without the interpreter's exit handlers (``os._exit``), and for a driver ending its own Ray."""
+def close() -> None:
+    """End this process's use of the stores: stop its follower threads (waiting until they have ended) and remove
+    its staging file; the next call to a store starts afresh. Call it before ``ray.shutdown()`` in a process that
+    has read from a store: a follower's Ray call that lands while Ray destroys its core worker ends the process.
+    It runs by itself at the interpreter's exit, before Ray's own shutdown there."""
     with _session_lock:
         sessions = list(_sessions.values())
         _sessions.clear()
     for session in sessions:
         session.close()
+
+
+atexit.register(close)  # registered after `import ray` registered Ray's shutdown, so it runs before it
 
 
 def clear_cache() -> None:

@@ -46,6 +46,7 @@ from .wire import FeedEpoch, HotSnapshot, Ring, StoreEvents
 log = logging.getLogger(__name__)
 
 _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
+_JOIN_S = 2.0  # a stopped follower ends within one wait slice (remote.get's 0.1 s) or one call under way
 
 
 @dataclass(frozen=True)
@@ -521,12 +522,18 @@ class Follower:
                              tuple(self._hot), self._epoch.catalog if self._epoch else "", tuple(sorted(self._follows)))
 
     def stop(self) -> None:
-        """Stop following and drop every pushed ref (the thread ends after its current wait)."""
+        """Stop following and drop every pushed ref; the thread ends after its current wait (``join``)."""
         self._stop.set()
         with self._lock:
             self._hot.clear()
             self._latest.clear()
             self._as_of = -math.inf
+
+    def join(self, timeout_s: float = _JOIN_S) -> None:
+        """Wait for the stopped thread to end: before ``ray.shutdown()``, none of its Ray calls may be under way (a
+        call that reaches Ray while the core worker is being destroyed ends the whole process)."""
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
         failures = 0
@@ -558,7 +565,7 @@ class Follower:
                 if failures == 1 or failures % 100 == 0:
                     log.info("policystore: following the store failed (%s); reads ask it directly meanwhile",
                              type(exc).__name__)
-                time.sleep(min(0.05 * failures, 1.0))
+                self._stop.wait(min(0.05 * failures, 1.0))
                 continue
             failures = 0
 

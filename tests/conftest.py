@@ -47,7 +47,7 @@ def pytest_unconfigure(config):
     traceback), after Ray sessions had mapped and unmapped the object store many times in this one process. The
     exit status is the session's own; the cause in finalization is still to be found."""
     if _EXIT_STATUS in config.stash:
-        session.close_all()  # its staging file: os._exit skips the finalizer that would remove it
+        session.close()  # its staging file: os._exit skips the finalizer that would remove it
         if not hasattr(config, "workerinput"):  # the run's own: pytest's per-user folder, emptied by the retention,
             with contextlib.suppress(OSError):  # and the staging folder the workers' processes left in /dev/shm
                 Path(tempfile.gettempdir(), f"pytest-of-{getpass.getuser()}").rmdir()
@@ -173,13 +173,20 @@ _SHARED_RAY_MODULES: set[str] = set()
 _MAY_USE_RAY = re.compile(r"\bray\b|policystore\.trainer|subprocess", re.IGNORECASE)  # its source says so
 
 
+def _end_ray() -> None:
+    """``ray.shutdown()`` once this process's follower threads have ended (a Ray call of theirs during the
+    shutdown would end the pytest process)."""
+    session.close()
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def _shared_ray():
     """The pytest process's shared Ray session, while one is up ({"session": its name}); ended with the run."""
     shared: dict[str, str] = {}
     yield shared
     if shared and ray.is_initialized():
-        ray.shutdown()
+        _end_ray()
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +198,7 @@ def ray_session(_shared_ray):
     if not (_shared_ray and ray.is_initialized()
             and ray.get_runtime_context().get_session_name() == _shared_ray["session"]):
         if ray.is_initialized():
-            ray.shutdown()
+            _end_ray()
         ray.init(address="local", num_cpus=2, object_store_memory=1_500_000_000, include_dashboard=False,
                  logging_level="warning")
         _shared_ray["session"] = ray.get_runtime_context().get_session_name()
@@ -203,7 +210,7 @@ def ray_session(_shared_ray):
     # a test ended the session or started another, or something of this module still holds CPUs: the next module
     # starts a session of its own
     _shared_ray.clear()
-    ray.shutdown()
+    _end_ray()
 
 
 def _all_cpus_free_within(seconds: float) -> bool:
@@ -242,7 +249,7 @@ def _no_shared_ray_in_other_modules(request, _shared_ray):
             and _MAY_USE_RAY.search(Path(request.node.path).read_text()):
         _shared_ray.clear()
         if ray.is_initialized():
-            ray.shutdown()
+            _end_ray()
 
 
 @pytest.fixture

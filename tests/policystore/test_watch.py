@@ -539,6 +539,50 @@ def test_a_new_ray_session_never_reuses_the_old_sessions_state():
     assert done.stdout.split() == ["EMPTY", "NEW", "1", "0.0"], done.stdout
 
 
+def followers_running() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("policystore-follow-")]
+
+
+def test_close_ends_the_follower_threads_before_it_returns_and_the_next_call_starts_afresh(make_store):
+    """Before ``ray.shutdown()``: a follower's Ray call that lands while Ray destroys its core worker ends the whole
+    process, so ``close`` returns only once every follower thread has ended."""
+    store = make_store()
+    store.publish("p", net().state_dict())
+    first = store.get("p")
+    assert followers_running()
+    policystore.close()
+    assert followers_running() == []
+    again = store.get("p")  # the handle still works: a new follower, a new cache
+    assert again is not first and torch.equal(again["0.weight"], first["0.weight"])
+    assert followers_running()
+
+
+_EXIT_WITHOUT_CLOSE = """
+import atexit, threading, ray, torch
+ray.init(address="local", num_cpus=1, object_store_memory=200_000_000, include_dashboard=False,
+         logging_level="error")
+# runs after policystore's exit handler (registered later, when it starts following) and before Ray's shutdown
+# (registered at `import ray`): the order atexit keeps
+atexit.register(lambda: print("at Ray's shutdown:", sorted(t.name[:19] for t in threading.enumerate()
+                                                           if t.name.startswith("policystore-follow-"))))
+import policystore
+store = policystore.connect()
+store.publish("p", {"w": torch.ones(4)})
+print("following:", [t.name[:19] for t in threading.enumerate() if t.name.startswith("policystore-follow-")])
+"""
+
+
+def test_at_exit_the_followers_end_before_rays_own_shutdown_runs():
+    short = tempfile.mkdtemp(prefix="ps-", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    try:
+        done = subprocess.run([sys.executable, "-c", _EXIT_WITHOUT_CLOSE], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "TMPDIR": short, "RAY_ADDRESS": ""})
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["following: ['policystore-follow-']", "at Ray's shutdown: []"], done.stdout
+
+
 @ray.remote(num_cpus=0.1)
 class Publisher:
     def publish(self, version_seed: int) -> tuple[int, list[str]]:
