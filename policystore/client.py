@@ -484,6 +484,7 @@ def shutdown(node_id: str | None = None, *, league: str | None = None) -> bool:
         session.snapshots.clear()
     if follower is not None:
         follower.stop()
+        follower.join()  # ended before a ray.shutdown() that may follow (Algorithm.stop() ends here)
     return remote.kill(store_name(node_id, league))
 
 

@@ -228,19 +228,21 @@ def begin(actor: Actor, method: str, *args: Any, timeout_s: float, retry_s: floa
 
 
 def get(ref: ray.ObjectRef | Sequence[ray.ObjectRef], timeout_s: float, what: str, method: str | None = None, *,
-        stop: Callable[[], bool] | None = None, setting: str | None = None, limit_s: float | None = None) -> Any:
+        stop: Callable[[], bool] | None = None, wake: concurrent.futures.Future | None = None,
+        setting: str | None = None, limit_s: float | None = None) -> Any:
     """The value of ``ref`` (or a list of the values of ``ref``'s refs) within ``timeout_s``; ``what`` names what is
     waited for (an actor, with ``method`` the call it answers; a snapshot's copy) in the errors.
 
-    ``stop``: asked every 0.1 s while waiting, and the wait ends (None) once it is true; a thread that must stop
-    when Ray shuts down waits this way, never inside ``ray.get`` (which would be left waiting on freed memory).
+    ``stop``: asked every 0.1 s while waiting, and at once when ``wake`` completes; the wait ends (None) once it is
+    true. A thread that must stop when Ray shuts down waits this way, never inside ``ray.get`` (which would be left
+    waiting on freed memory).
     ``setting``: the option that sets ``timeout_s``, named in a DeadlineExceededError; ``limit_s``: the deadline
     the error names, where ``timeout_s`` is what is left of it."""
     limit_s = timeout_s if limit_s is None else limit_s
     try:
         if stop is None:
             return ray.get(ref, timeout=timeout_s)
-        return _stoppable(ref, timeout_s, stop)
+        return _stoppable(ref, timeout_s, stop, wake)
     except ray.exceptions.GetTimeoutError as exc:
         if method is None:
             raise DeadlineExceededError(f"{what} did not arrive within {limit_s:g} s") from exc
@@ -260,21 +262,24 @@ def get(ref: ray.ObjectRef | Sequence[ray.ObjectRef], timeout_s: float, what: st
         raise StoreUnavailableError(_unavailable(what, method, exc)) from exc
 
 
-def _stoppable(ref: ray.ObjectRef | Sequence[ray.ObjectRef], timeout_s: float, stop: Callable[[], bool]) -> Any:
-    """``ray.get`` waited for in Python, in slices (see ``get``'s ``stop``)."""
+def _stoppable(ref: ray.ObjectRef | Sequence[ray.ObjectRef], timeout_s: float, stop: Callable[[], bool],
+               wake: concurrent.futures.Future | None) -> Any:
+    """``ray.get`` waited for in Python, in slices (see ``get``'s ``stop`` and ``wake``)."""
     futures = [r.future() for r in ([ref] if isinstance(ref, ray.ObjectRef) else ref)]
     deadline = time.monotonic() + timeout_s
     values = []
     for future in futures:
-        while True:
-            try:
-                values.append(future.result(timeout=min(_POLL_S, max(deadline - time.monotonic(), 0.0))))
+        while not future.done():
+            concurrent.futures.wait([future] if wake is None else [future, wake],
+                                    timeout=min(_POLL_S, max(deadline - time.monotonic(), 0.0)),
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            if future.done():
                 break
-            except concurrent.futures.TimeoutError:
-                if stop():
-                    return None
-                if time.monotonic() >= deadline:
-                    raise ray.exceptions.GetTimeoutError(f"not ready within {timeout_s:g} s") from None
+            if stop():
+                return None
+            if time.monotonic() >= deadline:
+                raise ray.exceptions.GetTimeoutError(f"not ready within {timeout_s:g} s") from None
+        values.append(future.result())
     return values[0] if isinstance(ref, ray.ObjectRef) else values
 
 

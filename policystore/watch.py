@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import itertools
 import logging
@@ -46,7 +47,7 @@ from .wire import FeedEpoch, HotSnapshot, Ring, StoreEvents
 log = logging.getLogger(__name__)
 
 _KEEP_EVENTS = 4096  # a watcher further behind than this gets a reset (the whole state) instead
-_JOIN_S = 2.0  # a stopped follower ends within one wait slice (remote.get's 0.1 s) or one call under way
+_JOIN_S = 2.0  # a stopped follower's wait wakes at once: it ends within the call it may be in
 
 
 @dataclass(frozen=True)
@@ -434,6 +435,7 @@ class Follower:
         self._reads: set[str] = set()  # policies read here (not only published): their pushes are mapped ahead
         self._adopt: set[str] = set()  # followed since the last call to the store
         self._stop = threading.Event()
+        self._stopped = concurrent.futures.Future()  # completed by stop(): wakes the thread's wait at once
         self._thread = threading.Thread(target=self._run, name=f"policystore-follow-{node_id[:12]}", daemon=True)
         self._thread.start()
 
@@ -522,8 +524,10 @@ class Follower:
                              tuple(self._hot), self._epoch.catalog if self._epoch else "", tuple(sorted(self._follows)))
 
     def stop(self) -> None:
-        """Stop following and drop every pushed ref; the thread ends after its current wait (``join``)."""
+        """Stop following and drop every pushed ref; the thread ends after the call it may be in (``join``)."""
         self._stop.set()
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # stopped twice
+            self._stopped.set_result(True)
         with self._lock:
             self._hot.clear()
             self._latest.clear()
@@ -598,7 +602,7 @@ class Follower:
         """A remote call's answer, waited for without blocking inside Ray (``remote.get``'s ``stop``). None: stopped
         or Ray shut down."""
         return remote.get(ref, timeout_s, f"the {remote.describe(self._name)}", method,
-                          stop=lambda: self._stop.is_set() or remote.session_name() != session)
+                          stop=lambda: self._stop.is_set() or remote.session_name() != session, wake=self._stopped)
 
     def _map_ahead(self, session: str | None) -> None:
         """Map the pushed snapshots not mapped yet (newest first), off the read path: a read of one is then a
@@ -612,7 +616,8 @@ class Follower:
                 continue
             try:
                 value = remote.get(pushed.ref, self._map_timeout_s, f"the pushed copy of {sid}",
-                                   stop=lambda: self._stop.is_set() or remote.session_name() != session)
+                                   stop=lambda: self._stop.is_set() or remote.session_name() != session,
+                                   wake=self._stopped)
                 if value is None:
                     return
                 snap = Snapshot(sid, open_shared(value, what=str(sid)), pushed.ref, pushed.header)
