@@ -30,7 +30,7 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 
 from . import snapfile
-from .config import LEAGUES  # other leagues' folders under a shared spill root
+from .config import LEAGUES, StoreConfig  # LEAGUES: other leagues' folders under a shared spill root
 from .errors import CorruptSnapshotError, DiskFullError, SnapshotFolderError
 from .filenames import parse_name, policy_folder, policy_of, version_name
 from .format import Background, Expected, Header, check_identity
@@ -185,7 +185,8 @@ def _survey_policy(found: Survey, folder: Path, policy_id: str, folder_fd: int, 
 class DiskTier:
     """One node's spill folder, private to the running user."""
 
-    def __init__(self, root: str | os.PathLike, *, compress: bool = True, capacity_bytes: int | None = None):
+    def __init__(self, root: str | os.PathLike, *, compress: bool = StoreConfig.compress,
+                 capacity_bytes: int | None = None):
         self.root = Path(os.path.abspath(root))
         self.compress = compress
         self.capacity_bytes = capacity_bytes

@@ -43,7 +43,7 @@ def same(a, b) -> bool:
 
 
 def test_reads_what_a_real_store_wrote(make_store, tmp_path):
-    store = make_store(spill_dir=str(tmp_path / "spill"))
+    store = make_store(spill_dir=str(tmp_path / "spill"), compress=True)  # raw and lz4 files alike
     published = {("p", 1): weights(1), ("p", 2): weights(2), ("q", 1): weights(3, pruned=True)}
     for (pid, _), w in published.items():
         store.publish(pid, w, meta={"seed": int(w["steps"])})
@@ -83,7 +83,7 @@ print("ray_started", ray.is_initialized(), "checksum", snap.checksum, "w", tuple
 
 @pytest.fixture
 def spill_folder(tmp_path) -> tuple[Path, dict[SnapshotId, np.ndarray]]:
-    tier = DiskTier(tmp_path / "spill")
+    tier = DiskTier(tmp_path / "spill", compress=True)
     bufs = {SnapshotId("p", v): pack(weights(v), policy_id="p", meta={"v": v}) for v in (1, 2, 3)}
     for sid, buf in bufs.items():
         tier.commit(tier.write_temp(sid, buf, parse_header(buf, name=str(sid))), sid)

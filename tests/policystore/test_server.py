@@ -223,7 +223,7 @@ def test_lru_eviction_and_transparent_restore(make_store):
 
 
 def test_spill_files_are_plain_safetensors_raw_or_lz4(make_store):
-    store = make_store()
+    store = make_store(compress=True)
     store.publish("rand", weights_of_mib(1))
     store.publish("round", weights_of_mib(1, compressible=True))
     store.flush()
@@ -244,7 +244,7 @@ def test_spill_files_are_plain_safetensors_raw_or_lz4(make_store):
 @pytest.mark.parametrize("compressible", [False, True], ids=["raw", "lz4"])
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_spill_file_is_never_served(make_store, compressible, damage):
-    store = make_store(hot_capacity_bytes=int(1.5 * MiB))
+    store = make_store(hot_capacity_bytes=int(1.5 * MiB), compress=compressible)
     store.publish("victim", weights_of_mib(1, compressible=compressible))
     store.publish("other", weights_of_mib(1, seed=1))  # evicts victim to disk
     store.flush()

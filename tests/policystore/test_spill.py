@@ -56,7 +56,7 @@ def same_data(a: np.ndarray, b: np.ndarray) -> bool:
 
 @pytest.fixture
 def tier(tmp_path: Path) -> DiskTier:
-    return DiskTier(tmp_path / "spill")
+    return DiskTier(tmp_path / "spill", compress=True)  # the lz4 path too
 
 
 @pytest.mark.parametrize("compressible", [False, True])
@@ -213,7 +213,7 @@ def _lz4_claiming(size: int, data: bytes) -> bytes:
 def test_lz4_frames_claiming_more_than_they_can_honestly_hold_are_refused_with_bounded_memory(tmp_path):
     """A 6.6 MB file claiming 3 GiB: refused before anything of that size is allocated (checked in a child
     process, whose peak memory is its own)."""
-    tier = DiskTier(tmp_path / "spill")
+    tier = DiskTier(tmp_path / "spill", compress=True)
     (tier.root / "p").mkdir(mode=0o700)
     bomb = tier.root / "p" / "0000000001.safetensors.lz4"
     bomb.write_bytes(_lz4_claiming(3 << 30, os.urandom(6_600_000)))
