@@ -42,7 +42,6 @@ from . import harness
 from .harness import MiB
 from .nets import NetSpec, random_weights, trained_weights
 
-KINDS = ("random", "trained", "pruned")
 _READ_CHUNK = 16 * MiB
 GOAL_RATIO = 0.8  # a restore at least this fraction of a raw read of the file, warm and cold
 
