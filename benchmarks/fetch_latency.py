@@ -12,6 +12,8 @@ round, in an order that rotates, so that no case gets a quieter machine than ano
   latest_after_publish  the worker publishes a new version of a policy (untimed) and at once, its push still in
                         flight, times ``load_module(pid)`` of latest, which must be that version (read your writes)
   noop_actor_call       floor: an actor call that does nothing (a path with one round trip pays at least this)
+  noop_hosted_call      the same call to an actor hosted as the store and the catalog are (``hosting.py``: an async
+                        actor whose method runs on a pool thread): what one call to the store pays at least
   ray_get_borrowed_ref  floor: ``ray.get`` of a ref the worker already holds, of another actor's object
 
 Goals (the run states each one's ratio and whether it is met, in its rows and its table's notes):
@@ -31,6 +33,7 @@ import ray
 import torch
 
 import policystore
+from policystore import hosting
 
 from . import harness
 from .harness import MiB
@@ -38,7 +41,7 @@ from .nets import ARCHS, NetSpec, random_weights
 
 log = logging.getLogger("benchmarks.fetch_latency")
 STORE_CASES = ("played_update", "first_open", "latest_after_publish")
-CASES = (*STORE_CASES, "ray_broadcast", "noop_actor_call", "ray_get_borrowed_ref")
+CASES = (*STORE_CASES, "ray_broadcast", "noop_actor_call", "noop_hosted_call", "ray_get_borrowed_ref")
 PLAYED, OWN = "played", "own"
 
 
@@ -77,10 +80,11 @@ class Reader:
         self.held.append(self.store.load_module(policy_id, self.spec))
         return self.held[-1].policystore_snapshot.id.version
 
-    def floors(self, owner: Any, repeats: int, nbytes: int) -> dict[str, list[float]]:
+    def floors(self, owner: Any, hosted: Any, repeats: int, nbytes: int) -> dict[str, list[float]]:
         (ref,) = ray.get(owner.put.remote(nbytes))
         return {
             "noop_actor_call": harness.timed(lambda: ray.get(owner.noop.remote()), repeats),
+            "noop_hosted_call": harness.timed(lambda: ray.get(hosted.noop.remote()), repeats),
             "ray_get_borrowed_ref": harness.timed(lambda: ray.get(ref), repeats),
         }
 
@@ -162,8 +166,10 @@ def run_size(results: harness.Results, size_mib: int, args: Any) -> list[str]:
         reader = ray.remote(Reader).options(num_cpus=0.1).remote(spec)
         ray.get(reader.open.remote(PLAYED))
         owner = ray.remote(Owner).options(num_cpus=0.1).remote()
-        timings: dict[str, list[float]] = ray.get(reader.floors.remote(owner, repeats, nbytes))
+        hosted = hosting.actor_class(Owner, {None: 1}).options(num_cpus=0.1).remote()
+        timings: dict[str, list[float]] = ray.get(reader.floors.remote(owner, hosted, repeats, nbytes))
         ray.kill(owner)
+        ray.kill(hosted)
         for case in (*STORE_CASES, "ray_broadcast"):
             timings[case] = []
         for i in range(repeats + 1):
