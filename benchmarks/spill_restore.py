@@ -127,6 +127,7 @@ def restore_rows(results: harness.Results, size_mib: int, compress: bool, args: 
         tier = DiskTier(spill_dir, compress=compress)
         reader = ray.remote(Reader).options(num_cpus=0.1).remote()
         repeats = max(3, min(args.repeats, int(args.bytes_per_case_gib * 2**30 // nbytes)))
+        last = None  # the snapshot the reader got last: the one hot now (its get evicted the one read before)
         for kind, ids in pairs.items():
             files = [SpillFile(tier.path_for(infos[p].id, infos[p].compressed), infos[p].compressed,
                                infos[p].file_bytes) for p in ids]
@@ -136,8 +137,12 @@ def restore_rows(results: harness.Results, size_mib: int, compress: bool, args: 
                 restore_s, raw_s, tier_s = [], [], []
                 for i in range(repeats + 1):  # the three take turns, so that each sees the same machine state
                     file, info = files[i % 2], infos[ids[i % 2]]
-                    # the first get may find its snapshot hot; every later one restores it (the other's evicted it)
-                    restore_s.append(ray.get(reader.restore.remote(ids[i % 2], str(file.path), cold, evicted=i > 0)))
+                    # every get but a repeat of the last one restores its snapshot (the last get evicted it): the
+                    # reader first waits for that eviction's push, or it would read the ref it still holds, and
+                    # leave the other snapshot hot for the next get's wait (seen on a loaded machine)
+                    evicted = ids[i % 2] != last
+                    restore_s.append(ray.get(reader.restore.remote(ids[i % 2], str(file.path), cold, evicted)))
+                    last = ids[i % 2]
                     if cold:
                         drop_page_cache(file.path)
                     raw_s.append(raw_read(file.path))
