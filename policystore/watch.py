@@ -434,8 +434,7 @@ class Follower:
         self._follows: set[str] = set()  # policies opened here: their new versions are pushed with refs
         self._reads: set[str] = set()  # policies read here (not only published): their pushes are mapped ahead
         self._adopt: set[str] = set()  # followed since the last call to the store
-        self._stop = threading.Event()
-        self._stopped = concurrent.futures.Future()  # completed by stop(): wakes the thread's wait at once
+        self._stopped = concurrent.futures.Future()  # completed by stop(): also wakes the thread's wait at once
         self._thread = threading.Thread(target=self._run, name=f"policystore-follow-{node_id[:12]}", daemon=True)
         self._thread.start()
 
@@ -525,7 +524,6 @@ class Follower:
 
     def stop(self) -> None:
         """Stop following and drop every pushed ref; the thread ends after the call it may be in (``join``)."""
-        self._stop.set()
         with contextlib.suppress(concurrent.futures.InvalidStateError):  # stopped twice
             self._stopped.set_result(True)
         with self._lock:
@@ -544,7 +542,7 @@ class Follower:
         session = remote.session_name()
         news = True
         limit = self._poll_s * 4 + 10
-        while not self._stop.is_set() and remote.session_name() == session:
+        while not self._stopped.done() and remote.session_name() == session:
             try:
                 if self._actor is None:
                     self._actor = remote.find(self._name, background=True)
@@ -560,7 +558,7 @@ class Follower:
                     return
                 news = not self._heard(ring)
             except Exception as exc:  # store restarting or gone, Ray shutting down: reads fall back meanwhile
-                if self._stop.is_set() or remote.session_name() != session:
+                if self._stopped.done() or remote.session_name() != session:
                     return
                 if remote.died(exc):
                     self._actor = None  # stopped for good (or not there yet): find its successor
@@ -569,7 +567,7 @@ class Follower:
                 if failures == 1 or failures % 100 == 0:
                     log.info("policystore: following the store failed (%s); reads ask it directly meanwhile",
                              type(exc).__name__)
-                self._stop.wait(min(0.05 * failures, 1.0))
+                concurrent.futures.wait([self._stopped], timeout=min(0.05 * failures, 1.0))
                 continue
             failures = 0
 
@@ -580,14 +578,14 @@ class Follower:
         call = remote.send_in_background(self._actor, "watch", self._seq if self._epoch else 0, 0, self.take_used(),
                                          follows, adopt)
         events = self._wait(call, session, timeout_s, "watch")
-        if events is None or self._stop.is_set():
+        if events is None or self._stopped.done():
             return False
         with self._lock:
             self._adopt.difference_update(adopt)
         self._apply(events)
         if events.hot:
             self._map_ahead(session)
-        return not self._stop.is_set()
+        return not self._stopped.done()
 
     def _heard(self, ring: Ring) -> bool:
         """Whether the doorbell's ring holds no news for this follower; if so its ``as_of`` is this follower's too
@@ -602,7 +600,7 @@ class Follower:
         """A remote call's answer, waited for without blocking inside Ray (``remote.get``'s ``stop``). None: stopped
         or Ray shut down."""
         return remote.get(ref, timeout_s, f"the {remote.describe(self._name)}", method,
-                          stop=lambda: self._stop.is_set() or remote.session_name() != session, wake=self._stopped)
+                          stop=lambda: self._stopped.done() or remote.session_name() != session, wake=self._stopped)
 
     def _map_ahead(self, session: str | None) -> None:
         """Map the pushed snapshots not mapped yet (newest first), off the read path: a read of one is then a
@@ -616,7 +614,7 @@ class Follower:
                 continue
             try:
                 value = remote.get(pushed.ref, self._map_timeout_s, f"the pushed copy of {sid}",
-                                   stop=lambda: self._stop.is_set() or remote.session_name() != session,
+                                   stop=lambda: self._stopped.done() or remote.session_name() != session,
                                    wake=self._stopped)
                 if value is None:
                     return
