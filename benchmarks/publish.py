@@ -77,7 +77,7 @@ class Learner:
 
 
 def goal_of(size_mib: int, publish_ms: float, x_memcpy: float) -> tuple[str, float, float]:
-    """Issue 40's goal for a publish of ``size_mib``: (what it says, the figure it bounds, the bound)."""
+    """The goal for a publish of ``size_mib``: (what it says, the figure it bounds, the bound)."""
     if size_mib <= 1:
         return "<= 3 ms", publish_ms, 3.0
     return "<= 3x a memcpy", x_memcpy, 3.0
