@@ -70,7 +70,8 @@ class StagingFile:
         return np.frombuffer(self._map, dtype=np.uint8, count=nbytes)
 
     def remove(self) -> None:
-        """Unmap, close and remove the file (also done when the object is collected or the process exits)."""
+        """Unmap, close and remove the file, and the folder if it is left empty (also done when the object is
+        collected or the process exits)."""
         if self._map is not None:
             with suppress(BufferError):  # an array still views it: unmapped when that goes
                 self._map.close()
@@ -101,8 +102,12 @@ def remove_orphans(folder: Path | None = None) -> None:
 
 
 def _remove(path: Path, fd: int) -> None:
+    """Close and remove a staging file, then its folder if that was the last file (a publisher creating one
+    meanwhile makes the folder again: ``StagingFile.create``)."""
     os.close(fd)
     path.unlink(missing_ok=True)
+    with suppress(OSError):
+        path.parent.rmdir()
 
 
 class StagingMaps:

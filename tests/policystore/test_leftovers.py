@@ -94,3 +94,23 @@ def test_staging_files_of_gone_publishers_go_and_then_their_folder(tmp_path):
     (folder / f"{gone.pid}-ghi").write_bytes(b"x")
     staging.remove_orphans(folder)
     assert not folder.exists()
+
+
+def test_a_publisher_removing_the_last_staging_file_removes_the_folder_too(tmp_path):
+    """A process ending (``policystore.close``, or its exit) removes its staging file; if it was the last one, the
+    folder in /dev/shm goes with it, so nothing is left behind when no store runs anymore to sweep it."""
+    from policystore.staging import StagingFile
+
+    folder = tmp_path / "staging"
+    folder.mkdir()
+
+    def staged(name: str) -> StagingFile:
+        path = folder / name
+        return StagingFile(path, os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+
+    first, second = staged(f"{os.getpid()}-a"), staged(f"{os.getpid()}-b")
+    first.alloc(4096)[:] = 1
+    first.remove()
+    assert [p.name for p in folder.iterdir()] == [f"{os.getpid()}-b"]  # another publisher's file keeps it
+    second.remove()
+    assert not folder.exists()
