@@ -542,12 +542,11 @@ class Chaos:
             time.sleep(1.0)
 
     def close(self) -> None:
-        import policystore
+        from policystore import leftovers
 
-        policystore.close()  # the driver's followers end first: a Ray call during the shutdown ends the process
-        with contextlib.suppress(Exception):
-            ray.shutdown()
-        self.cluster.shutdown()
+        # the driver's followers end first (a Ray call during the shutdown ends the process), the nodes last; then
+        # the staging files of the workers they killed go
+        leftovers.shutdown_ray(stop=self.cluster.shutdown)
         shutil.rmtree(self.state_dir, ignore_errors=True)
         if self.disk is not None:
             subprocess.run(["umount", "-l", str(self.disk)], check=False)

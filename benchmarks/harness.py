@@ -233,7 +233,7 @@ def ray_session(object_store_bytes: int, num_cpus: int | None = None) -> Iterato
     """
     import ray
 
-    import policystore
+    from policystore import leftovers
 
     if ray.is_initialized():
         raise RuntimeError("benchmarks start their own Ray session; call them without one running")
@@ -259,8 +259,8 @@ def ray_session(object_store_bytes: int, num_cpus: int | None = None) -> Iterato
                 log.warning("Ray did not start (%s); retrying", brief(exc))
         yield spill
     finally:
-        policystore.close()
-        ray.shutdown()
+        # also removes the staging files of the session's workers, which Ray kills rather than lets end
+        leftovers.shutdown_ray()
         shutil.rmtree(spill, ignore_errors=True)
 
 

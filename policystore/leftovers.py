@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -58,13 +59,19 @@ def sweep(keep: str | None = None) -> list[Path]:
     return removed
 
 
-def shutdown_ray(wait_s: float = 5.0) -> None:
+def shutdown_ray(wait_s: float = 5.0, stop: Callable[[], object] | None = None) -> None:
     """``ray.shutdown()`` for a driver that started Ray itself, leaving nothing of the session behind on this
     machine: waits up to ``wait_s`` for the session's processes (Ray kills its workers, which then cannot remove
-    their staging files), then removes their staging files and the session's default spill folder."""
+    their staging files), then removes their staging files and the session's default spill folder. ``stop`` ends
+    the session's nodes after ``ray.shutdown()`` where that does not (a ``ray.cluster_utils.Cluster``'s
+    ``shutdown``)."""
     processes = [p for p in memory.session_processes() if p.pid != os.getpid()]
     session.close()
-    ray.shutdown()
+    try:
+        ray.shutdown()
+    finally:
+        if stop is not None:
+            stop()
     psutil.wait_procs(processes, timeout=wait_s)
     staging.remove_orphans()
     sweep()

@@ -79,22 +79,28 @@ class StagingFile:
         self._finalizer()
 
 
-def remove_orphans(folder: Path | None = None) -> None:
-    """Remove the staging files of publishers that are gone (a process killed before removing its own: Ray kills
-    its workers when a cluster stops), then the folder if that left it empty."""
-    folder = folder or staging_dir()
+def orphans(folder: Path | None = None) -> list[str]:
+    """The names of the staging files whose publishing process is gone (Ray kills its workers when a cluster stops,
+    so they cannot remove their own)."""
     try:
-        names = os.listdir(folder)
+        names = os.listdir(folder or staging_dir())
     except OSError:
-        return
+        return []
+    gone = []
     for name in names:
         try:
-            os.kill(int(name.partition("-")[0]), 0)
-            continue  # a live process: maybe publishing right now
+            os.kill(int(name.partition("-")[0]), 0)  # a live process: maybe publishing right now
         except ProcessLookupError:
-            pass
+            gone.append(name)
         except (ValueError, OSError):
             continue  # not ours, or not ours to judge
+    return gone
+
+
+def remove_orphans(folder: Path | None = None) -> None:
+    """Remove the staging files of publishers that are gone (``orphans``), then the folder if that left it empty."""
+    folder = folder or staging_dir()
+    for name in orphans(folder):
         log.info("removing staging file %s of a publisher that is gone", name)
         (folder / name).unlink(missing_ok=True)
     with suppress(OSError):  # not empty: a live publisher's file (or one not ours) keeps it

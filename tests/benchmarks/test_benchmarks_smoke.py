@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from policystore import staging
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # benchmark -> keys every row must carry (numbers, finite)
@@ -72,8 +74,10 @@ def test_help_explains(name, capsys):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_quick_run_writes_results(name, tmp_path):
     out = tmp_path / name
+    orphans = set(staging.orphans())
     proc = quick_run(name, out)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(staging.orphans()) <= orphans, "the run left its workers' staging files in /dev/shm"
     rows = [json.loads(line) for line in proc.stdout.splitlines()]  # stdout is JSON rows and nothing else
     assert rows, "no measured point"
     for row in rows:

@@ -14,16 +14,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+from policystore import staging
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_quick_chaos_run_loses_nothing_acknowledged_and_serves_nothing_wrong(tmp_path):
     out = tmp_path / "chaos"
+    orphans = set(staging.orphans())
     run = subprocess.run(
         [sys.executable, "-m", "benchmarks.chaos", "--quick", "--seed", "1", "--out", str(out)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900,
     )
     assert run.returncode == 0, run.stderr[-4000:]
+    assert set(staging.orphans()) <= orphans, "the run left the staging files of its killed workers in /dev/shm"
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     summary = next(r for r in rows if r["kind"] == "summary")
     faults = {r["kind"]: r for r in rows if r["kind"] != "summary"}
