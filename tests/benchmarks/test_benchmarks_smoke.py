@@ -1,7 +1,8 @@
 """Smoke test: every benchmark's --quick mode runs end to end through its real CLI and writes its results.
 
-Each benchmark starts its own Ray session(s) in a subprocess (they need store configs of their own), so this
-module shares none. Figures are not checked against targets here (that is what the benchmarks report); only that
+Each benchmark starts its own Ray session(s) in a subprocess (they need store configs of their own; ``run_quick``
+in conftest.py, which also checks that the run leaves no staging file of its processes behind), so this module
+shares none. Figures are not checked against targets here (that is what the benchmarks report); only that
 every row is well-formed JSON with its figures, and that the results folder holds JSON, a table and a plot.
 """
 
@@ -10,16 +11,8 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-from policystore import staging
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # benchmark -> keys every row must carry (numbers, finite)
 EXPECTED = {
@@ -52,14 +45,6 @@ ROW_KEYS = {  # per row type (spill_restore's "row", league_throughput's "bench"
 EXTRA_ARGS = {"league_throughput": ["--seconds", "5", "--modes", "store"], "worker_memory": ["--modes", "store"]}
 
 
-def quick_run(name: str, out: Path) -> subprocess.CompletedProcess:
-    """``python -m benchmarks.<name> --quick --out <out>``, as CI and users run it."""
-    return subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--out", str(out), *EXTRA_ARGS.get(name, [])],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
-    )
-
-
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_help_explains(name, capsys):
     module = importlib.import_module(f"benchmarks.{name}")
@@ -72,12 +57,9 @@ def test_help_explains(name, capsys):
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_quick_run_writes_results(name, tmp_path):
+def test_quick_run_writes_results(name, tmp_path, run_quick):
     out = tmp_path / name
-    orphans = set(staging.orphans())
-    proc = quick_run(name, out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert set(staging.orphans()) <= orphans, "the run left its workers' staging files in /dev/shm"
+    proc = run_quick(name, "--out", str(out), *EXTRA_ARGS.get(name, []), timeout=300)
     rows = [json.loads(line) for line in proc.stdout.splitlines()]  # stdout is JSON rows and nothing else
     assert rows, "no measured point"
     for row in rows:
