@@ -79,6 +79,12 @@ class StagingFile:
         self._finalizer()
 
 
+def publisher_of(name: str) -> int | None:
+    """The pid of the process that made the staging file ``name`` (``<pid>-<random>``); None: not a staging file."""
+    pid = name.partition("-")[0]
+    return int(pid) if pid.isdigit() else None
+
+
 def orphans(folder: Path | None = None) -> list[str]:
     """The names of the staging files whose publishing process is gone (Ray kills its workers when a cluster stops,
     so they cannot remove their own)."""
@@ -88,12 +94,15 @@ def orphans(folder: Path | None = None) -> list[str]:
         return []
     gone = []
     for name in names:
+        pid = publisher_of(name)
+        if pid is None:
+            continue  # not ours
         try:
-            os.kill(int(name.partition("-")[0]), 0)  # a live process: maybe publishing right now
+            os.kill(pid, 0)  # a live process: maybe publishing right now
         except ProcessLookupError:
             gone.append(name)
-        except (ValueError, OSError):
-            continue  # not ours, or not ours to judge
+        except OSError:
+            continue  # not ours to judge
     return gone
 
 

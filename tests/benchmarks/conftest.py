@@ -65,7 +65,7 @@ def run_quick() -> Callable[..., subprocess.CompletedProcess]:
     def run(benchmark: str, *args: str, timeout: int) -> subprocess.CompletedProcess:
         result, pids = _module(f"benchmarks.{benchmark}", "--quick", *args, timeout=timeout)
         assert result.returncode == 0, result.stderr[-4000:]
-        left = [name for name in staging.orphans() if int(name.partition("-")[0]) in pids]
+        left = [name for name in staging.orphans() if staging.publisher_of(name) in pids]
         assert not left, f"the run left the staging files of its workers in /dev/shm: {left}"
         return result
 
