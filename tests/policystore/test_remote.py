@@ -40,6 +40,13 @@ def test_default_deadline_and_publish_deadline_scale_with_size():
     assert config.publish_timeout_s(1 << 30) > config.publish_timeout_s(1 << 20) > 30.0
 
 
+def test_the_store_and_the_catalog_start_with_two_malloc_arenas(make_store):
+    """glibc's arenas are set when a process starts: the actors' Ray options carry it, over the job's own env."""
+    store = make_store()
+    for actor in (store._actor, store._catalog):
+        assert ray.get(actor.__ray_call__.remote(lambda self: os.environ.get("MALLOC_ARENA_MAX"))) == "2"
+
+
 def test_a_stopped_catalog_is_a_deadline_error_not_a_hang(make_store):
     store = make_store(call_timeout_s=3.0, max_staleness_s=0.5)
     first = store.publish("p", {"w": torch.ones(4)})
