@@ -435,7 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     results = Results("rllib_memory", args, {"env_runners": args.env_runners, "frozen": frozen,
                                              "hidden": args.hidden, "modes": args.modes, "job": args.job,
                                              "learners": args.learners, "cap": args.cap,
-                                             "iterations": args.iterations})
+                                             "iterations": args.iterations,
+                                             # the job's processes inherit it (docs/rllib.md: glibc's arenas)
+                                             "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX", "default")})
     with progress() as bar:
         steps = args.iterations if args.job == "churn" else frozen[-1]
         task = bar.add_task("freezing league snapshots", total=len(args.modes) * len(args.env_runners) * steps)
