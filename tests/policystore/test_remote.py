@@ -41,7 +41,7 @@ def test_default_deadline_and_publish_deadline_scale_with_size():
 
 
 def test_the_store_and_the_catalog_start_with_two_malloc_arenas(make_store):
-    """glibc's arenas are set when a process starts: the actors' Ray options carry it, over the job's own env."""
+    """glibc reads its arena limit once, when a process starts: the actors' Ray options carry it to their processes."""
     store = make_store()
     for actor in (store._actor, store._catalog):
         assert ray.get(actor.__ray_call__.remote(lambda self: os.environ.get("MALLOC_ARENA_MAX"))) == "2"
