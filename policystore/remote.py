@@ -36,7 +36,7 @@ _POLL_S = 0.1  # how often a stoppable wait checks whether to stop
 _SETTING = "StoreConfig.call_timeout_s"  # what sets the deadlines of calls to the project's own actors
 # glibc gives each thread of a process its own malloc arena (up to 8 per core), and a Ray worker's threads all take
 # one before an actor's __init__ runs; each arena keeps the high-water mark of the calls that ran on it. Two arenas
-# halved the store's growth and kept the catalog flat over a churning RLlib league (docs/rllib.md). Only an
+# halved the store's growth and all but stopped the catalog's over a churning RLlib league (docs/rllib.md). Only an
 # environment variable set when the process starts reaches them: a Ray option, at about 0.3 s per actor start.
 _ACTOR_ENV = {"MALLOC_ARENA_MAX": "2"}
 
