@@ -5,7 +5,9 @@ the store's durable-tier tests (``tests/policystore/test_durable.py``)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -84,8 +86,11 @@ class S3Gate:
                 self._server.wait()
 
     def _listen(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again
-        self.port = self._listener.getsockname()[1]
+        if self.port:
+            self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: the same port again
+        else:
+            self._listener = _listener_below_ephemeral_range()
+            self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -137,6 +142,25 @@ server.start()
 sys.stdin.read()  # until the parent closes the pipe, or dies
 server.stop()
 """
+
+
+def _listener_below_ephemeral_range() -> socket.socket:
+    """A loopback listener on a port below the kernel's ephemeral range. The gate closes its port while ``down`` and
+    takes it again on ``up``; a port in that range could meanwhile become the local end of any outgoing connection
+    on the machine, even a client's own connection to the closed port (TCP's self-connect), and ``up`` would fail."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    ports = range(max(1024, low // 2), low)
+    for port in random.sample(ports, min(200, len(ports))):
+        try:
+            return socket.create_server(("127.0.0.1", port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+    raise RuntimeError(f"no free loopback port below the ephemeral range (which starts at {low})")
 
 
 def _start_server(port: int) -> subprocess.Popen:
