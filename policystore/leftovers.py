@@ -59,12 +59,12 @@ def sweep(keep: str | None = None) -> list[Path]:
     return removed
 
 
-def shutdown_ray(wait_s: float = 5.0, stop: Callable[[], object] | None = None) -> None:
+def shutdown_ray(wait_s: float = 30.0, stop: Callable[[], object] | None = None) -> None:
     """``ray.shutdown()`` for a driver that started Ray itself, leaving nothing of the session behind on this
-    machine: waits up to ``wait_s`` for the session's processes (Ray kills its workers, which then cannot remove
-    their staging files), then removes their staging files and the session's default spill folder. ``stop`` ends
-    the session's nodes after ``ray.shutdown()`` where that does not (a ``ray.cluster_utils.Cluster``'s
-    ``shutdown``)."""
+    machine: waits up to ``wait_s`` for the session's processes to end (Ray kills its workers, which then cannot
+    remove their staging files; on a quiet machine they are gone within two seconds, a loaded one may take much
+    longer), then removes their staging files and the session's default spill folder. ``stop`` ends the session's
+    nodes after ``ray.shutdown()`` where that does not (a ``ray.cluster_utils.Cluster``'s ``shutdown``)."""
     processes = [p for p in memory.session_processes() if p.pid != os.getpid()]
     session.close()
     try:
