@@ -31,7 +31,9 @@ class S3Gate:
             os.environ.setdefault(name, value)
         self.bucket, self.server_port, self._server = bucket, server_port, None
         if server_port is None:
-            with _listener_below_ephemeral_range() as s:  # and waiting for it to listen cannot self-connect
+            # below the ephemeral range: no other socket is given the port before moto binds it, and the wait for
+            # moto to listen on it cannot connect to itself
+            with _listener_below_ephemeral_range() as s:
                 self.server_port = s.getsockname()[1]
             self._server = _start_server(self.server_port)
             pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
