@@ -44,7 +44,8 @@ def test_the_store_and_the_catalog_start_with_two_malloc_arenas(make_store):
     """glibc reads its arena limit once, when a process starts: the actors' Ray options carry it to their processes."""
     store = make_store()
     for actor in (store._actor, store._catalog):
-        assert ray.get(actor.__ray_call__.remote(lambda self: os.environ.get("MALLOC_ARENA_MAX"))) == "2"
+        assert ray.get(actor.__ray_call__.remote(lambda self: os.environ.get("MALLOC_ARENA_MAX")),
+                       timeout=60) == "2"
 
 
 def test_a_stopped_catalog_is_a_deadline_error_not_a_hang(make_store):
